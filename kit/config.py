@@ -1,0 +1,179 @@
+"""One typed, validated config for every knob of a run.
+
+`RunConfig.from_dict` is the only way parameters (notebook, YAML profile, test) become a run:
+unknown names, wrong types and out-of-range values stop here with a one-line error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import typing
+from dataclasses import dataclass
+
+METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h")
+SSA_METHODS = ("ssa-co", "ssa-h")
+
+
+class ConfigError(ValueError):
+    """A bad parameter; the message is one line naming the parameter."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # what to run
+    task: str = "synthetic"            # GLUE name (RTE, SST-2 ...), synthetic, synthetic-pair, csv
+    model: str = "minilm"              # minilm (embedded), tiny (random, tests), hub id, local folder
+    method: str = "bert"               # bert | bert-mask | ssa-co | ssa-h
+    seed: int = 0
+    # data
+    glue_dir: str = ""                 # local GLUE folder; "" -> $GLUE_DIR, else the hub; "hub" forces hub
+    max_train_examples: int = 0        # 0 = all; else the first N (seeded shuffle) of train
+    max_length: int = 128
+    synthetic_size: int = 2000         # train examples of the synthetic task (dev is a quarter)
+    csv_path: str = ""
+    csv_text_columns: tuple[str, ...] = ()
+    csv_target: str = ""
+    csv_regression: bool = True
+    # optimisation
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    grad_accum: int = 1
+    group_by_length: bool = True
+    mixed_precision: str = "auto"      # auto (bf16/fp16 on GPU, none on CPU) | no | bf16 | fp16
+    # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
+    alpha: float = 0.7                 # loss = alpha * L_target + (1 - alpha) * L_SSA
+    beta: float = 0.5                  # hybrid: R_o = beta * R_CLS + (1 - beta) * sum_i w_i R_i
+    gamma: float = 1.0                 # masked variants per kept sentence per epoch
+    mask_ratio: float = 0.3            # share of real word-pieces masked per variant ("ratio" scheme)
+    mask_scheme: str = "ratio"         # ratio | spans (released code: aug/rm thresholds, quartiles)
+    label_rule: str = "paper"          # paper (masked: flip -> 1, else 0) | code (see docs/ssa.md)
+    label_merge: str = "union"         # union: labels ride on the sentence | variant: extra examples
+    hybrid_weighting: str = "paper"    # paper: softmax of importance logits | code: softmax of p>thr
+    attention_threshold: float = 0.3   # code weighting: tokens with p(important) below are dropped
+    share_weight: bool = True          # False: one SSA classifier per position (code's share_weight=0)
+    ssa_start_epoch: int = 1           # first epoch (0-based) trained with generated data
+    regression_tolerance: float = 0.3  # regression: "correct" and "unchanged" mean within this
+    aug_threshold: float = 0.1         # spans scheme: chance a word-piece starts a masked span
+    rm_threshold: float = 0.7          # spans scheme: span length 1 / 2 / 3 with p 0.4 / 0.3 / 0.3
+    code_share_step: float = 0.2       # code rule: share of SSA examples grows by this per epoch
+    code_share_max: float = 0.8
+    save_labels: bool = False          # write generated SSA labels per epoch into the run folder
+    reuse_labels_from: str = ""        # a run folder whose saved labels replace probing
+    # outputs
+    outputs_dir: str = "outputs"
+    save_checkpoints: bool = True
+    predict_test: bool = False
+    log_every: int = 10
+    profile: str = ""
+
+    # fields that do not change what is computed; they stay out of the run id
+    _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "save_labels", "profile",
+                     "log_every", "eval_batch_size")
+
+    def __post_init__(self):
+        _check_types(self)
+        _check_values(self)
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "RunConfig":
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in params:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown parameter {key!r}{hint}")
+        hints = typing.get_type_hints(cls)
+        coerced = {k: tuple(v) if hints[k] == tuple[str, ...] and isinstance(v, list) else v
+                   for k, v in params.items()}
+        return cls(**coerced)
+
+    @classmethod
+    def from_namespace(cls, namespace: dict) -> "RunConfig":
+        """Pick the config fields out of a notebook's globals (parameters cell + papermill)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls.from_dict({k: v for k, v in namespace.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_id(self) -> str:
+        """Stable across processes: a hash of every field that changes the result."""
+        identity = {k: v for k, v in self.to_dict().items() if k not in self._NOT_IDENTITY}
+        digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+        task = self.task.replace("/", "_")
+        return f"{task}-{self.method}-s{self.seed}-{digest}"
+
+    @property
+    def uses_ssa(self) -> bool:
+        return self.method in SSA_METHODS
+
+
+def _type_ok(value, hint) -> bool:
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint == tuple[str, ...]:
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    return isinstance(value, hint)
+
+
+def _check_types(cfg: RunConfig) -> None:
+    for name, hint in typing.get_type_hints(type(cfg)).items():
+        value = getattr(cfg, name)
+        if not _type_ok(value, hint):
+            want = getattr(hint, "__name__", str(hint))
+            extra = (" (YAML reads 1e-5 as a string: write 1.0e-5)"
+                     if isinstance(value, str) and hint is float else "")
+            raise ConfigError(f"parameter {name!r}: expected {want}, got "
+                              f"{type(value).__name__} {value!r}{extra}")
+        if hint is float:
+            object.__setattr__(cfg, name, float(value))
+
+
+_CHOICES = {
+    "method": METHODS, "mask_scheme": ("ratio", "spans"), "label_rule": ("paper", "code"),
+    "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code"),
+    "mixed_precision": ("auto", "no", "bf16", "fp16"),
+}
+_RANGES = {  # name: (low, high, low inclusive, high inclusive)
+    "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),
+    "gamma": (0, float("inf"), True, False), "lr": (0, float("inf"), False, False),
+    "weight_decay": (0, float("inf"), True, False), "warmup_ratio": (0, 1, True, False),
+    "attention_threshold": (0, 1, True, True), "aug_threshold": (0, 1, False, True),
+    "rm_threshold": (0, 1, True, True), "code_share_step": (0, 1, True, True),
+    "code_share_max": (0, 1, True, True), "regression_tolerance": (0, float("inf"), True, False),
+    "max_grad_norm": (0, float("inf"), False, False),
+    "epochs": (1, float("inf"), True, False), "batch_size": (1, float("inf"), True, False),
+    "eval_batch_size": (1, float("inf"), True, False), "grad_accum": (1, float("inf"), True, False),
+    "max_length": (8, 4096, True, True), "max_train_examples": (0, float("inf"), True, False),
+    "synthetic_size": (8, float("inf"), True, False), "ssa_start_epoch": (0, float("inf"), True, False),
+    "log_every": (1, float("inf"), True, False),
+}
+
+
+def _check_values(cfg: RunConfig) -> None:
+    for name, allowed in _CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"parameter {name!r}: {getattr(cfg, name)!r} is not one of "
+                              f"{', '.join(allowed)}")
+    for name, (low, high, low_in, high_in) in _RANGES.items():
+        value = getattr(cfg, name)
+        ok = (value >= low if low_in else value > low) and (value <= high if high_in else value < high)
+        if not ok:
+            lo, hi = "[" if low_in else "(", "]" if high_in else ")"
+            raise ConfigError(f"parameter {name!r}: {value!r} is outside {lo}{low}, {high}{hi}")
+    if cfg.task.lower() == "csv" and not (cfg.csv_path and cfg.csv_text_columns and cfg.csv_target):
+        raise ConfigError("task 'csv' needs csv_path, csv_text_columns and csv_target")
+    if not cfg.task:
+        raise ConfigError("parameter 'task' is empty")
+    if not cfg.model:
+        raise ConfigError("parameter 'model' is empty")

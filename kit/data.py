@@ -1,0 +1,216 @@
+"""From a config to tokenized examples and batches.
+
+Texts are tokenized once per run into unpadded id arrays (`Examples`); every batch is padded only
+to its own longest row. Training batches are length-grouped (shuffled mega-batches sorted by
+length), so almost every token in a batch is a real one; evaluation batches are fully sorted.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kit import readers, synthetic
+from kit.config import RunConfig
+from kit.tasks import Split, Task, csv_task, get_task
+
+IGNORE = -100  # label of positions that no loss looks at
+
+
+@dataclass
+class TaskData:
+    task: Task
+    train: Split
+    dev: dict[str, Split]              # dev split name -> split (MNLI has two)
+    test: dict[str, Split]
+
+
+def glue_source(glue_dir: str) -> str | Path:
+    """The parameter, else $GLUE_DIR, else "hub"."""
+    chosen = glue_dir or os.environ.get("GLUE_DIR", "")
+    return "hub" if chosen in ("", "hub") else Path(chosen)
+
+
+def load_task_data(cfg: RunConfig) -> TaskData:
+    if cfg.task.lower() == "csv":
+        return _load_csv(cfg)
+    task = get_task(cfg.task)
+    if task.kind == "synthetic":
+        pair = task.is_pair
+        train = synthetic.generate(pair, cfg.synthetic_size, "train")
+        dev = synthetic.generate(pair, max(cfg.synthetic_size // 4, 8), "dev")
+        return TaskData(task, _cap(train, cfg), {"dev": dev}, {})
+    source = glue_source(cfg.glue_dir)
+
+    def read(split: str) -> Split:
+        if source == "hub":
+            return readers.read_hub_split(task, split)
+        return readers.read_glue_split(task, split, source)
+
+    train = read("train")
+    dev = {name: read(name) for name in task.dev_splits}
+    test = {name: read(name) for name in task.test_splits} if cfg.predict_test else {}
+    return TaskData(task, _cap(train, cfg), dev, test)
+
+
+def _load_csv(cfg: RunConfig) -> TaskData:
+    split, labels = readers.read_csv_split(cfg.csv_path, cfg.csv_text_columns, cfg.csv_target,
+                                           cfg.csv_regression)
+    task = csv_task(cfg.csv_text_columns, None if cfg.csv_regression else labels)
+    order = np.random.default_rng(cfg.seed).permutation(len(split))
+    n_dev = max(len(split) // 5, 1)    # without folds: a seeded 80/20 split
+    return TaskData(task, split.subset(order[n_dev:]), {"dev": split.subset(order[:n_dev])}, {})
+
+
+def _cap(train: Split, cfg: RunConfig) -> Split:
+    """The first `max_train_examples` of a fixed shuffle (fixed: the same subset for every seed)."""
+    if not cfg.max_train_examples or cfg.max_train_examples >= len(train):
+        return train
+    order = np.random.default_rng(0).permutation(len(train))[: cfg.max_train_examples]
+    return train.subset(np.sort(order))
+
+
+@dataclass
+class Examples:
+    """Tokenized rows. Per-row arrays are unpadded; `special` marks [CLS]/[SEP]/<s>/</s>."""
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray] | None
+    special: list[np.ndarray]
+    labels: np.ndarray
+    ssa_labels: list[np.ndarray] | None = None      # per token: 1, 0 or IGNORE
+    importance: list[np.ndarray] | None = None      # synthetic: true importance per token
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((len(x) for x in self.input_ids), dtype=np.int64, count=len(self))
+
+    def subset(self, idx) -> "Examples":
+        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+        return Examples(pick(self.input_ids), pick(self.token_type_ids), pick(self.special),
+                        self.labels[np.asarray(idx, dtype=np.int64)], pick(self.ssa_labels),
+                        pick(self.importance))
+
+    def with_ssa_labels(self, ssa_labels: list[np.ndarray]) -> "Examples":
+        return replace(self, ssa_labels=ssa_labels)
+
+    @staticmethod
+    def concat(parts: list["Examples"]) -> "Examples":
+        """Join example sets; a set without SSA labels gets all-IGNORE labels."""
+        def join(attr):
+            if all(getattr(p, attr) is None for p in parts):
+                return None
+            out = []
+            for p in parts:
+                got = getattr(p, attr)
+                out += got if got is not None else [np.full(len(x), IGNORE, np.int64)
+                                                    for x in p.input_ids]
+            return out
+        return Examples(
+            [x for p in parts for x in p.input_ids],
+            None if parts[0].token_type_ids is None else [x for p in parts for x in p.token_type_ids],
+            [x for p in parts for x in p.special], np.concatenate([p.labels for p in parts]),
+            join("ssa_labels"), join("importance"))
+
+
+def encode(tokenizer, split: Split, max_length: int, regression: bool) -> Examples:
+    """Tokenize a split once (no padding); pairs are truncated longest-first like run_glue."""
+    enc = tokenizer(split.text_a, split.text_b, truncation=True, max_length=max_length,
+                    return_special_tokens_mask=True)
+    ids = [np.asarray(x, dtype=np.int64) for x in enc["input_ids"]]
+    types = ([np.asarray(x, dtype=np.int64) for x in enc["token_type_ids"]]
+             if "token_type_ids" in enc else None)
+    special = [np.asarray(x, dtype=bool) for x in enc["special_tokens_mask"]]
+    if split.labels is None:
+        labels = np.zeros(len(ids), dtype=np.float32 if regression else np.int64)
+    else:
+        labels = split.labels.astype(np.float32 if regression else np.int64)
+    importance = None
+    if split.importance is not None:
+        importance = _token_importance(tokenizer, split, max_length, ids)
+    return Examples(ids, types, special, labels, importance=importance)
+
+
+def _token_importance(tokenizer, split: Split, max_length: int, ids) -> list[np.ndarray]:
+    """Map the synthetic task's per-word importance onto word-pieces (specials get 0)."""
+    words_a = [t.split(" ") for t in split.text_a]
+    words_b = None if split.text_b is None else [t.split(" ") for t in split.text_b]
+    enc = tokenizer(words_a, words_b, is_split_into_words=True, truncation=True,
+                    max_length=max_length)
+    out = []
+    for row, importance in enumerate(split.importance):
+        n_a = len(words_a[row])
+        word_of = [None if w is None else w + (n_a if s == 1 else 0)
+                   for w, s in zip(enc.word_ids(row), enc.sequence_ids(row))]
+        if enc["input_ids"][row] != ids[row].tolist():
+            raise RuntimeError(f"{split.source}: word-level and plain tokenization differ at row {row}")
+        out.append(np.array([0 if w is None else importance[w] for w in word_of], dtype=np.int64))
+    return out
+
+
+def collate(examples: Examples, idx: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad the rows `idx` to their longest one."""
+    rows = [examples.input_ids[i] for i in idx]
+    width = max(len(r) for r in rows)
+    n = len(rows)
+    input_ids = np.full((n, width), pad_id, dtype=np.int64)
+    attention = np.zeros((n, width), dtype=np.int64)
+    special = np.ones((n, width), dtype=bool)       # padding counts as special: never labelled
+    for j, (i, r) in enumerate(zip(idx, rows)):
+        input_ids[j, : len(r)] = r
+        attention[j, : len(r)] = 1
+        special[j, : len(r)] = examples.special[i]
+    batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
+             "special_mask": torch.from_numpy(special),
+             "labels": torch.from_numpy(examples.labels[np.asarray(idx)]),
+             "rows": torch.as_tensor(idx, dtype=torch.int64)}
+    if examples.token_type_ids is not None:
+        types = np.zeros((n, width), dtype=np.int64)
+        for j, i in enumerate(idx):
+            types[j, : len(examples.token_type_ids[i])] = examples.token_type_ids[i]
+        batch["token_type_ids"] = torch.from_numpy(types)
+    if examples.ssa_labels is not None:
+        ssa = np.full((n, width), IGNORE, dtype=np.int64)
+        for j, i in enumerate(idx):
+            ssa[j, : len(examples.ssa_labels[i])] = examples.ssa_labels[i]
+        batch["ssa_labels"] = torch.from_numpy(ssa)
+    return batch
+
+
+def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                           megabatch: int = 50) -> list[list[int]]:
+    """Shuffle, cut into mega-batches of `megabatch` batches, sort each by length, cut batches,
+    shuffle the batch order. Random like plain shuffling at the scale of an epoch, but each batch
+    holds rows of similar length, so padding is a few percent instead of half."""
+    order = rng.permutation(len(lengths))
+    size = batch_size * megabatch
+    batches = []
+    for start in range(0, len(order), size):
+        chunk = order[start:start + size]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def random_batches(n: int, batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    order = rng.permutation(n)
+    return [order[i:i + batch_size].tolist() for i in range(0, n, batch_size)]
+
+
+def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
+    """Longest first: the first batch shows the peak memory at once, padding is minimal."""
+    order = np.argsort(-lengths, kind="stable")
+    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+def make_loader(examples: Examples, batches: list[list[int]], pad_id: int):
+    """A DataLoader over precomputed batches of row indices (a batch_sampler, so accelerate can
+    shard it across processes unchanged)."""
+    return torch.utils.data.DataLoader(
+        range(len(examples)), batch_sampler=batches,
+        collate_fn=lambda idx: collate(examples, idx, pad_id))

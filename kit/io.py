@@ -1,0 +1,46 @@
+"""Atomic writes: a file a later step reads is either complete or absent, never half-written."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside `path`; on success it is renamed onto `path` (atomic on
+    POSIX within one file system), on error it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, default=_jsonable) + "\n")
+
+
+def atomic_torch_save(obj, path: str | Path) -> None:
+    import torch
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def _jsonable(value):
+    """numpy scalars and paths in metrics: write them as plain numbers and strings."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

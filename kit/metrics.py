@@ -1,0 +1,168 @@
+"""GLUE metrics, the paper's three-subset dev statistics (section 4.3) and significance tests.
+
+Everything here works on plain arrays of predictions and labels, so the training loop and the
+report share one definition of every number. Metric values are fractions (0.843, not 84.3);
+tables multiply by 100.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, mean_squared_error
+
+from kit.tasks import Task
+
+# Suffix of the metric names of a task's second, third ... dev split. MNLI's mismatched split is
+# "_mm" as in the GLUE leaderboard; any other extra split would get "_<split name>".
+_SPLIT_SUFFIXES = {"dev_mismatched": "_mm"}
+
+
+def _as_1d(values, what: str) -> np.ndarray:
+    """A 1-D array; an (n, 1) column of regression outputs is accepted and flattened."""
+    arr = np.asarray(values)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-D (class ids or regression values), got shape "
+                         f"{arr.shape}; take the argmax of logits first")
+    return arr
+
+
+def _correlation(fn, predictions: np.ndarray, labels: np.ndarray) -> float:
+    # A constant side (e.g. a collapsed regression head that predicts the mean everywhere) makes
+    # the correlation undefined: scipy warns and returns NaN. We report 0.0 instead - "no linear /
+    # rank relation" - so a degenerate run averages and sorts like a bad run, not like a hole.
+    if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
+        return 0.0
+    return float(fn(predictions, labels)[0])
+
+
+def _metric_names(task: Task) -> list[str]:
+    """Which metrics one split gets: the usual ones for its kind, plus the task's official ones."""
+    if task.regression:
+        names = ["pearson", "spearman"] + (["rmse", "mse"] if task.kind == "csv" else [])
+    else:
+        names = ["accuracy"] + (["f1"] if task.num_labels == 2 else [])
+        names += ["f1_macro"] if task.kind == "csv" else []
+    return names + [m for m in task.metrics if m not in names]    # e.g. CoLA's mcc
+
+
+def task_score(task: Task, metrics: dict[str, float]) -> float:
+    """The GLUE per-task score used for model selection: higher is better.
+
+    Mean of the task's official metrics (MRPC: mean of F1 and accuracy, like the GLUE average).
+    An rmse-based task (CSV regression) scores -rmse alone: averaging an error with a correlation
+    would mix two scales.
+    """
+    if "rmse" in task.metrics:
+        return -metrics["rmse"]
+    return float(np.mean([metrics[m] for m in task.metrics]))
+
+
+def compute_metrics(task: Task, predictions, labels) -> dict[str, float]:
+    """All metrics of one split, plus `score` (see `task_score`). Values are fractions."""
+    preds, gold = _as_1d(predictions, "predictions"), _as_1d(labels, "labels")
+    if len(preds) != len(gold) or len(gold) == 0:
+        raise ValueError(f"{task.name}: {len(preds)} predictions for {len(gold)} labels")
+    if task.regression:
+        preds, gold = preds.astype(np.float64), gold.astype(np.float64)
+    compute = {
+        "accuracy": lambda: accuracy_score(gold, preds),
+        # zero_division=0: a run that never predicts class 1 has F1 0, not a warning.
+        "f1": lambda: f1_score(gold, preds, pos_label=1, average="binary", zero_division=0),
+        "f1_macro": lambda: f1_score(gold, preds, average="macro", zero_division=0),
+        "mcc": lambda: matthews_corrcoef(gold, preds),      # sklearn gives 0.0 when degenerate
+        "pearson": lambda: _correlation(stats.pearsonr, preds, gold),
+        "spearman": lambda: _correlation(stats.spearmanr, preds, gold),
+        "mse": lambda: mean_squared_error(gold, preds),
+        "rmse": lambda: np.sqrt(mean_squared_error(gold, preds)),
+    }
+    metrics = {name: float(compute[name]()) for name in _metric_names(task)}
+    metrics["score"] = task_score(task, metrics)
+    return metrics
+
+
+def split_suffix(task: Task, split: str) -> str:
+    """Metric-name suffix of a dev split: "" for the first (main) one, "_mm" for MNLI-mm."""
+    if split == task.dev_splits[0]:
+        return ""
+    return _SPLIT_SUFFIXES.get(split, f"_{split}")
+
+
+def reported_metrics(task: Task) -> tuple[str, ...]:
+    """The official metric names over all dev splits, in the paper's order.
+
+    MRPC -> ("f1", "accuracy"), MNLI -> ("accuracy", "accuracy_mm"). These are the numbers a
+    GLUE table shows, and the keys `evaluate_splits` writes.
+    """
+    return tuple(m + split_suffix(task, s) for s in task.dev_splits for m in task.metrics)
+
+
+def evaluate_splits(task: Task, results: dict[str, tuple]) -> dict[str, float]:
+    """Dev metrics over all of `task.dev_splits`, from {split: (predictions, labels)}.
+
+    Metrics of extra splits carry a suffix (MNLI: `accuracy`, `accuracy_mm`); `score` is the mean
+    of the splits' scores (MNLI counts m and mm equally, as the GLUE average does).
+    """
+    if set(results) != set(task.dev_splits):
+        raise ValueError(f"{task.name}: expected dev splits {list(task.dev_splits)}, "
+                         f"got {sorted(results)}")
+    merged, scores = {}, []
+    for split in task.dev_splits:
+        metrics = compute_metrics(task, *results[split])
+        scores.append(metrics.pop("score"))
+        suffix = split_suffix(task, split)
+        merged.update({name + suffix: value for name, value in metrics.items()})
+    merged["score"] = float(np.mean(scores))
+    return merged
+
+
+def three_subsets(n: int, seed: int = 0) -> list[np.ndarray]:
+    """Indices of the three dev subsets: a fixed shuffle of range(n), cut into even thirds.
+
+    The permutation depends only on (n, seed), so every run on a dev set is scored on the same
+    subsets and runs stay comparable. Shuffling matters: contiguous thirds would be biased, e.g.
+    CoLA dev lists its in-domain sentences before the out-of-domain ones.
+    """
+    if n < 3:
+        raise ValueError(f"three subsets need at least 3 dev examples, got {n}")
+    return np.array_split(np.random.default_rng(seed).permutation(n), 3)
+
+
+def three_subset_stats(task: Task, predictions, labels, seed: int = 0) -> dict:
+    """The paper's section 4.3 statistic: the task score on each of three even dev subsets.
+
+    Returns {"mean", "std", "subsets": [s1, s2, s3]}. `std` is the population std (ddof=0): it
+    describes the spread of these three numbers, it does not estimate anything beyond them.
+    """
+    preds, gold = _as_1d(predictions, "predictions"), _as_1d(labels, "labels")
+    if len(preds) != len(gold):
+        raise ValueError(f"{task.name}: {len(preds)} predictions for {len(gold)} labels")
+    subsets = [compute_metrics(task, preds[idx], gold[idx])["score"]
+               for idx in three_subsets(len(gold), seed)]
+    return {"mean": float(np.mean(subsets)), "std": float(np.std(subsets)), "subsets": subsets}
+
+
+def welch_test(a, b) -> float:
+    """Two-sided p-value of Welch's t-test (unequal variances), each seed one independent sample.
+
+    1.0 ("no evidence") when a side has fewer than 2 samples or both sides have zero variance:
+    the t statistic is undefined there and scipy would return NaN.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or len(b) < 2 or (np.var(a) == 0 and np.var(b) == 0):
+        return 1.0
+    with warnings.catch_warnings():
+        # One constant side (e.g. WNLI, where every seed predicts the majority class) is a
+        # well-defined test, but scipy warns about "precision loss" for identical values.
+        warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
+        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def significance_mark(p: float) -> str:
+    """The paper's marks: "**" for p < 0.01, "*" for p < 0.05, else ""."""
+    if p < 0.01:
+        return "**"
+    return "*" if p < 0.05 else ""

@@ -1,0 +1,264 @@
+"""Self-Supervised Attention: masked variants, token labels, and the BERT-mask baseline.
+
+Each epoch from `ssa_start_epoch` on, the model as it stands after the previous epoch probes the
+training set (eval mode, no gradients, batched by length):
+
+paper rule (default, Kou et al. 3.1)
+    keep the sentences it predicts correctly; draw gamma masked variants per kept sentence
+    (fractional gamma: the remainder is a coin flip); each variant masks `mask_ratio` of the real
+    word-pieces. A masked token is labelled 1 if the variant's prediction flips, else 0; unmasked
+    tokens are unlabelled. The input of the SSA example is the ORIGINAL sentence: the head learns
+    which of its tokens matter. How several variants of one sentence reach training is a knob:
+    `label_merge="union"` (default): the labels ride on the sentence's own training example (a
+    token is 1 if any variant that masked it flipped, 0 if masked only in unflipped ones), so the
+    epoch keeps N examples - the paper's "without slowing down the training procedure";
+    `"variant"`: every variant is an extra training example (original sentence + that variant's
+    labels), so the epoch grows by gamma * kept like BERT-mask's.
+code rule (koukoulala/ssa_BERT)
+    span masking; a copy qualifies when the original is correct and the copy's prediction does
+    NOT change; the input is the masked copy, masked tokens are 0, every other real token 1;
+    plain examples get all-ones labels; the share of SSA copies per epoch grows
+    0, 0.2, 0.4 ... up to 0.8 and they replace plain examples (the epoch keeps N examples).
+
+All randomness comes from a generator seeded by (seed, epoch), so labels are reproducible.
+Masking and labelling are vectorised over padded [variants, tokens] arrays.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from kit.config import RunConfig
+from kit.data import IGNORE, Examples
+
+PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
+
+
+def pad_rows(rows: list[np.ndarray], fill) -> np.ndarray:
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), fill, dtype=rows[0].dtype if rows else np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def unpad(matrix: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    return [matrix[i, :n].copy() for i, n in enumerate(lengths)]
+
+
+def real_tokens(examples: Examples) -> np.ndarray:
+    """[N, T] True on word-pieces that may be masked: not special, not padding."""
+    return pad_rows([~s for s in examples.special], False)
+
+
+def ratio_masks(real: np.ndarray, ratio: float, rng: np.random.Generator) -> np.ndarray:
+    """Mask round(ratio * n_real) (at least 1) real tokens per row, uniformly without
+    replacement, across both segments of a pair."""
+    n_real = real.sum(axis=1)
+    k = np.where(n_real > 0, np.maximum(1, np.floor(ratio * n_real + 0.5)), 0)
+    scores = np.where(real, rng.random(real.shape), 2.0)   # non-real tokens sort last
+    ranks = scores.argsort(axis=1).argsort(axis=1)
+    return ranks < k[:, None]
+
+
+def span_lengths(u: np.ndarray, rm_threshold: float) -> np.ndarray:
+    """Released code's span lengths: P(3) = 1 - rm_threshold, the rest split 4:3 between
+    lengths 1 and 2 (0.4 / 0.3 / 0.3 at the default 0.7)."""
+    p1 = rm_threshold * 4 / 7
+    return np.where(u < p1, 1, np.where(u < rm_threshold, 2, 3))
+
+
+def span_masks(real: np.ndarray, aug_threshold: float, rm_threshold: float,
+               rng: np.random.Generator) -> np.ndarray:
+    """Released code's scheme: each real word-piece starts a span with p = aug_threshold; the span
+    (length 1-3) lands at a random position inside the same position-quartile of the sentence.
+    Positions are counted over real tokens only, so pairs are masked across both segments."""
+    n_rows, width = real.shape
+    n = real.sum(axis=1)[:, None]                        # real tokens per row
+    idx = np.arange(width)[None, :]                      # index among real tokens
+    valid = idx < n
+    starts = valid & (rng.random(real.shape) < aug_threshold)
+    quartile = (4 * idx) // np.maximum(n, 1)
+    lo = -((-quartile * n) // 4)                         # ceil(q * n / 4)
+    hi = -((-(quartile + 1) * n) // 4)
+    at = lo + np.floor(rng.random(real.shape) * np.maximum(hi - lo, 1)).astype(np.int64)
+    length = span_lengths(rng.random(real.shape), rm_threshold)
+    compressed = np.zeros(real.shape, dtype=bool)
+    rows = np.broadcast_to(np.arange(n_rows)[:, None], real.shape)
+    for offset in range(3):                              # spans are at most 3 long
+        hit = starts & (offset < length) & (at + offset < n)
+        compressed[rows[hit], (at + offset)[hit]] = True
+    masks = np.zeros_like(real)
+    masks[real] = compressed[valid]                      # row-major order matches
+    return masks
+
+
+def draw_masks(real: np.ndarray, cfg: RunConfig, rng: np.random.Generator) -> np.ndarray:
+    if cfg.mask_scheme == "ratio":
+        return ratio_masks(real, cfg.mask_ratio, rng)
+    return span_masks(real, cfg.aug_threshold, cfg.rm_threshold, rng)
+
+
+def variant_counts(n: int, gamma: float, rng: np.random.Generator) -> np.ndarray:
+    """floor(gamma) variants each, plus one more with probability frac(gamma)."""
+    whole = int(np.floor(gamma))
+    return whole + (rng.random(n) < gamma - whole).astype(np.int64)
+
+
+def masked_copies(examples: Examples, masks: np.ndarray, mask_id: int) -> Examples:
+    """The same rows with masked positions replaced by the tokenizer's own mask token."""
+    ids = pad_rows(examples.input_ids, 0)
+    ids = np.where(masks[:, : ids.shape[1]], mask_id, ids)
+    return Examples(unpad(ids, examples.lengths), examples.token_type_ids, examples.special,
+                    examples.labels, examples.ssa_labels, examples.importance)
+
+
+def changed(before: np.ndarray, after: np.ndarray, regression: bool, tol: float) -> np.ndarray:
+    if regression:
+        return np.abs(after - before) > tol
+    return after != before
+
+
+@dataclass
+class LabelStats:
+    epoch: int
+    rule: str
+    probed: int = 0
+    kept: int = 0                      # predicted correctly
+    variants: int = 0
+    flipped: int = 0
+    flip_rate: float = 0.0
+    labelled_examples: int = 0         # rows with at least one labelled token
+    labelled_tokens: int = 0
+    share_label1: float = 0.0
+    cue_share_label1: float | None = None         # synthetic only: label-1 share on cue tokens
+    distractor_share_label1: float | None = None  # ... and on distractor tokens
+    wall_s: float = 0.0
+    reused: bool = False
+
+    def finish(self, ssa: Examples, started: float) -> "LabelStats":
+        labels = np.concatenate(ssa.ssa_labels) if len(ssa) else np.zeros(0, np.int64)
+        labelled = labels != IGNORE
+        self.labelled_examples = sum(int((x != IGNORE).any()) for x in ssa.ssa_labels)
+        self.labelled_tokens = int(labelled.sum())
+        self.share_label1 = float((labels[labelled] == 1).mean()) if labelled.any() else 0.0
+        self.flip_rate = self.flipped / self.variants if self.variants else 0.0
+        if ssa.importance is not None and len(ssa):
+            importance = np.concatenate(ssa.importance)
+            for name, want in (("cue_share_label1", 1), ("distractor_share_label1", 0)):
+                sel = labelled & (importance == want)
+                setattr(self, name, float((labels[sel] == 1).mean()) if sel.any() else None)
+        self.wall_s = time.perf_counter() - started
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paper_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression: bool,
+                 rng: np.random.Generator, mask_id: int, stats: LabelStats) -> Examples:
+    """The epoch's training set by the paper's rule (see the module docstring); the returned
+    set's `ssa_labels` hold the generated labels (IGNORE on plain examples)."""
+    preds = predict(train)
+    kept = np.flatnonzero(~changed(train.labels, preds, regression, cfg.regression_tolerance))
+    stats.probed, stats.kept = len(train), len(kept)
+    source = np.repeat(kept, variant_counts(len(kept), cfg.gamma, rng))   # variant -> row
+    originals = train.subset(source)
+    masks = draw_masks(real_tokens(originals), cfg, rng) if len(source) else np.zeros((0, 0), bool)
+    flips = changed(preds[source], predict(masked_copies(originals, masks, mask_id)),
+                    regression, cfg.regression_tolerance) if len(source) else np.zeros(0, bool)
+    stats.variants, stats.flipped = len(source), int(flips.sum())
+    labels = np.where(masks, flips[:, None].astype(np.int64), IGNORE)
+    if cfg.label_merge == "variant":
+        return Examples.concat([train, originals.with_ssa_labels(unpad(labels, originals.lengths))])
+    # union: a token is 1 if any variant that masked it flipped, 0 if it was masked only in
+    # unflipped ones; the labels ride on the sentence's own example, the epoch keeps N examples
+    merged = pad_rows([np.full(len(x), IGNORE, np.int64) for x in train.input_ids], IGNORE)
+    np.maximum.at(merged, source, np.pad(labels, ((0, 0), (0, merged.shape[1] - labels.shape[1])),
+                                         constant_values=IGNORE))
+    return train.with_ssa_labels(unpad(merged, train.lengths))
+
+
+def code_share(cfg: RunConfig, epoch: int) -> float:
+    if epoch < cfg.ssa_start_epoch:
+        return 0.0
+    return min(cfg.code_share_step * (epoch - cfg.ssa_start_epoch + 1), cfg.code_share_max)
+
+
+def all_ones(examples: Examples) -> Examples:
+    return examples.with_ssa_labels([np.where(s, IGNORE, 1).astype(np.int64) for s in examples.special])
+
+
+CODE_MAX_ROUNDS = 5  # the released code repeats rounds until enough copies qualify; we cap it
+
+
+def code_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression: bool,
+                rng: np.random.Generator, mask_id: int, epoch: int, stats: LabelStats) -> Examples:
+    """The epoch's training set by the released code's rule (see the module docstring)."""
+    target = int(round(code_share(cfg, epoch) * len(train)))
+    preds = predict(train)
+    correct = np.flatnonzero(~changed(train.labels, preds, regression, cfg.regression_tolerance))
+    stats.probed, stats.kept = len(train), len(correct)
+    pending, used, copies_kept = rng.permutation(correct), [], []
+    for _ in range(CODE_MAX_ROUNDS):
+        missing = target - sum(len(u) for u in used)
+        if missing <= 0 or len(pending) == 0:
+            break
+        originals = train.subset(pending)
+        real = real_tokens(originals)
+        masks = draw_masks(real, cfg, rng)
+        copies = masked_copies(originals, masks, mask_id)
+        same = ~changed(preds[pending], predict(copies), regression, cfg.regression_tolerance)
+        qualifies = same & masks.any(axis=1)
+        stats.variants += len(pending)
+        stats.flipped += int((~same).sum())
+        labels = np.where(masks, 0, np.where(real, 1, IGNORE))
+        good = np.flatnonzero(qualifies)[:missing]
+        used.append(pending[good])
+        copies_kept.append(copies.subset(good).with_ssa_labels(
+            unpad(labels[good], originals.lengths[good])))
+        pending = pending[~qualifies]
+    used_rows = np.concatenate(used) if used else np.zeros(0, np.int64)
+    plain = rng.permutation(np.setdiff1d(np.arange(len(train)), used_rows))
+    return Examples.concat([*copies_kept, all_ones(train.subset(plain))])
+
+
+def build_epoch(train: Examples, cfg: RunConfig, epoch: int, predict: PredictFn,
+                regression: bool, mask_id: int, run_dir: Path | None = None
+                ) -> tuple[Examples, dict | None]:
+    """The training examples of one epoch for the run's method, and its label statistics."""
+    rng = np.random.default_rng([cfg.seed, epoch, 0x55A])
+    if cfg.method == "bert" or (cfg.method == "bert-mask" and epoch < cfg.ssa_start_epoch):
+        return train, None
+    if cfg.method == "bert-mask":
+        source = np.repeat(np.arange(len(train)), variant_counts(len(train), cfg.gamma, rng))
+        originals = train.subset(source)
+        copies = masked_copies(originals, draw_masks(real_tokens(originals), cfg, rng), mask_id)
+        return Examples.concat([train, copies]), {"epoch": epoch, "augmented": len(copies)}
+    if epoch < cfg.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
+        return (all_ones(train) if cfg.label_rule == "code" else train), None
+    started = time.perf_counter()
+    if cfg.reuse_labels_from and _saved_path(cfg.reuse_labels_from, epoch).exists():
+        blob = torch.load(_saved_path(cfg.reuse_labels_from, epoch), weights_only=False)
+        stats = {**blob["stats"], "reused": True, "wall_s": time.perf_counter() - started}
+        return Examples(**blob["epoch_set"]), stats
+    stats = LabelStats(epoch=epoch, rule=cfg.label_rule)
+    if cfg.label_rule == "paper":
+        epoch_set = paper_labels(train, predict, cfg, regression, rng, mask_id, stats)
+    else:
+        epoch_set = code_labels(train, predict, cfg, regression, rng, mask_id, epoch, stats)
+    stats.finish(epoch_set, started)
+    if cfg.save_labels and run_dir is not None:
+        from kit.io import atomic_torch_save
+        atomic_torch_save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()},
+                          _saved_path(str(run_dir), epoch))
+    return epoch_set, stats.to_dict()
+
+
+def _saved_path(run_dir: str, epoch: int) -> Path:
+    return Path(run_dir) / "ssa_labels" / f"epoch{epoch}.pt"

@@ -1,0 +1,102 @@
+"""Task registry: the nine GLUE tasks, the generated synthetic tasks and CSV tasks.
+
+A Task says where the text is, what the labels are and how the task is scored. It holds no
+data; readers (kit.readers) and the synthetic generator (kit.synthetic) produce `Split`s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str                          # canonical name, e.g. "RTE"
+    text_columns: tuple[str, ...]      # one column (single sentence) or two (sentence pair)
+    labels: tuple[str, ...] | None     # label strings in class-id order; None = regression
+    metrics: tuple[str, ...]           # official metrics, in the paper's order (F1 before acc)
+    dev_splits: tuple[str, ...] = ("dev",)
+    test_splits: tuple[str, ...] = ("test",)
+    hub_config: str | None = None      # config name of `nyu-mll/glue` on the hub
+    kind: str = "glue"                 # glue | synthetic | csv
+
+    @property
+    def regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+
+@dataclass
+class Split:
+    """One split of a task, as plain columns. `labels` is None for unlabelled (test) files."""
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: np.ndarray | None          # int64 class ids, or float32 targets for regression
+    ids: list[str]                     # row ids (the GLUE `index` column, or row numbers)
+    source: str                        # file or hub id it came from, for messages
+    importance: list[list[int]] | None = None  # synthetic only: 0/1 per whitespace word of a+b
+    folds: np.ndarray | None = None    # CSV only: fold id per row when the file has one
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.text_a)
+
+    def subset(self, idx) -> "Split":
+        idx = np.asarray(idx, dtype=np.int64)
+        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+        return Split(
+            text_a=pick(self.text_a), text_b=pick(self.text_b),
+            labels=None if self.labels is None else self.labels[idx],
+            ids=pick(self.ids), source=self.source, importance=pick(self.importance),
+            folds=None if self.folds is None else self.folds[idx], extra=dict(self.extra))
+
+
+_BIN = ("0", "1")
+_ENT2 = ("entailment", "not_entailment")
+GLUE_TASKS: dict[str, Task] = {t.name: t for t in [
+    Task("CoLA", ("sentence",), _BIN, ("mcc",), hub_config="cola"),
+    Task("SST-2", ("sentence",), _BIN, ("accuracy",), hub_config="sst2"),
+    Task("MRPC", ("sentence1", "sentence2"), _BIN, ("f1", "accuracy"), hub_config="mrpc"),
+    Task("STS-B", ("sentence1", "sentence2"), None, ("pearson", "spearman"), hub_config="stsb"),
+    Task("QQP", ("question1", "question2"), _BIN, ("f1", "accuracy"), hub_config="qqp"),
+    Task("MNLI", ("sentence1", "sentence2"), ("contradiction", "entailment", "neutral"),
+         ("accuracy",), dev_splits=("dev_matched", "dev_mismatched"),
+         test_splits=("test_matched", "test_mismatched"), hub_config="mnli"),
+    Task("QNLI", ("question", "sentence"), _ENT2, ("accuracy",), hub_config="qnli"),
+    Task("RTE", ("sentence1", "sentence2"), _ENT2, ("accuracy",), hub_config="rte"),
+    Task("WNLI", ("sentence1", "sentence2"), _BIN, ("accuracy",), hub_config="wnli"),
+]}
+
+SYNTHETIC_TASKS: dict[str, Task] = {t.name: t for t in [
+    Task("synthetic", ("sentence",), ("negative", "positive"), ("accuracy",),
+         test_splits=(), kind="synthetic"),
+    Task("synthetic-pair", ("sentence1", "sentence2"), ("different", "same"), ("accuracy",),
+         test_splits=(), kind="synthetic"),
+]}
+
+_ALIASES = {"sst2": "SST-2", "stsb": "STS-B", "sts-b": "STS-B", "sst-2": "SST-2"}
+
+
+def csv_task(text_columns: tuple[str, ...], labels: tuple[str, ...] | None) -> Task:
+    """A task over the user's own CSV: regression when `labels` is None, else classification."""
+    metrics = ("rmse", "pearson") if labels is None else ("accuracy", "f1_macro")
+    return Task("csv", tuple(text_columns), labels, metrics, test_splits=(), kind="csv")
+
+
+def get_task(name: str) -> Task:
+    """Look a task up by name, case-insensitively (`rte`, `SST-2`, `sst2` ...)."""
+    key = _ALIASES.get(name.lower(), name)
+    for table in (GLUE_TASKS, SYNTHETIC_TASKS):
+        for task_name, task in table.items():
+            if task_name.lower() == key.lower():
+                return task
+    known = ", ".join([*GLUE_TASKS, *SYNTHETIC_TASKS, "csv"])
+    raise ValueError(f"unknown task {name!r}: choose one of {known}")

@@ -1,0 +1,299 @@
+"""fit(config): one fine-tuning run, start to finish, on accelerate.
+
+Read top to bottom: set-up, then per epoch (1) build the epoch's examples (SSA probing happens
+here, with the model from the previous epoch), (2) train, (3) evaluate on the full dev set and
+checkpoint. Everything a run produces lands in outputs/runs/<run_id>/ (see docs/design.md).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import resource
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from kit import io as kio
+from kit import metrics as kmetrics
+from kit.config import RunConfig
+from kit.data import (Examples, encode, length_grouped_batches, load_task_data, make_loader,
+                      random_batches, sorted_batches)
+from kit.models import HeadSpec, SequenceModel, load_backbone, save_model, ssa_loss, target_loss
+from kit.ssa import build_epoch
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    return Path(cfg.outputs_dir) / "runs" / cfg.run_id
+
+
+def finished_metrics(cfg: RunConfig) -> dict | None:
+    """The metrics of an earlier run of this exact config that ended ok, if any."""
+    path = run_dir_of(cfg) / "metrics.json"
+    if path.exists():
+        done = json.loads(path.read_text())
+        if done.get("status") == "ok":
+            return done
+    return None
+
+
+def fit(cfg: RunConfig) -> dict:
+    """Train and evaluate one config; returns metrics.json's content. A config that already
+    finished ok is not rerun (its results are never overwritten)."""
+    done = finished_metrics(cfg)
+    if done is not None:
+        return done
+    run_dir = run_dir_of(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    kio.write_json(run_dir / "config.json", cfg.to_dict())
+    base = {"run_id": cfg.run_id, "task": cfg.task, "model": cfg.model, "method": cfg.method,
+            "seed": cfg.seed, "profile": cfg.profile}
+    try:
+        result = _fit(cfg, run_dir)
+    except BaseException as err:   # KeyboardInterrupt too: a killed run must say so
+        kio.write_json(run_dir / "metrics.json", {
+            **base, "status": "failed", "error": f"{type(err).__name__}: {err}".splitlines()[0],
+            "traceback": traceback.format_exc()[-4000:]})
+        raise
+    metrics = {**base, "status": "ok", "error": None, **result}
+    kio.write_json(run_dir / "metrics.json", metrics)
+    return metrics
+
+
+def _accelerator(cfg: RunConfig):
+    from accelerate import Accelerator
+    precision = cfg.mixed_precision
+    if precision == "auto":
+        precision = "no"
+        if torch.cuda.is_available():
+            precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum)
+
+
+class LinearSchedule:
+    """Linear warm-up then linear decay to 0, as a function of training progress in [0, 1].
+    Progress (not a step count) because SSA and BERT-mask epochs vary in size."""
+
+    def __init__(self, optimizer, warmup_ratio: float):
+        self.optimizer, self.warmup = optimizer, warmup_ratio
+        self.base = [g["lr"] for g in optimizer.param_groups]
+
+    def set_progress(self, p: float) -> float:
+        factor = p / self.warmup if p < self.warmup else (1 - p) / (1 - self.warmup)
+        for group, lr in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = lr * max(factor, 0.0)
+        return self.optimizer.param_groups[0]["lr"]
+
+
+def _fit(cfg: RunConfig, run_dir: Path) -> dict:
+    from accelerate.utils import set_seed
+    set_seed(cfg.seed)
+    accelerator = _accelerator(cfg)
+    data = load_task_data(cfg)
+    task = data.task
+    backbone, tokenizer = load_backbone(cfg.model)
+    spec = HeadSpec(num_labels=task.num_labels, method=cfg.method, beta=cfg.beta,
+                    hybrid_weighting=cfg.hybrid_weighting,
+                    attention_threshold=cfg.attention_threshold,
+                    share_weight=cfg.share_weight, max_length=cfg.max_length)
+    model = SequenceModel(backbone, spec)
+    pad_id = tokenizer.pad_token_id
+    train = encode(tokenizer, data.train, cfg.max_length, task.regression)
+    dev = {name: encode(tokenizer, split, cfg.max_length, task.regression)
+           for name, split in data.dev.items()}
+
+    no_decay = ("bias", "LayerNorm.weight", "norm.weight")
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+         "weight_decay": cfg.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
+         "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
+    lr = schedule.set_progress(0.0)
+
+    def predict(examples: Examples) -> np.ndarray:
+        return _to_predictions(_predict_logits(model, examples, cfg.eval_batch_size, pad_id,
+                                               accelerator), task.regression)
+
+    history, epochs, label_stats = [], [], []
+    walls = {"train": 0.0, "label_generation": 0.0, "eval": 0.0}
+    best, best_state, trained_examples, step = None, None, 0, 0
+    started = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        # (1) the epoch's examples: SSA probes with the model as it stands after epoch - 1
+        t0 = time.perf_counter()
+        epoch_set, stats = build_epoch(train, cfg, epoch, predict, task.regression,
+                                       tokenizer.mask_token_id, run_dir)
+        walls["label_generation"] += time.perf_counter() - t0
+        if stats is not None:
+            label_stats.append(stats)
+
+        # (2) train: dropout on (model.train() every epoch: probing and eval switch it off)
+        t0 = time.perf_counter()
+        rng = np.random.default_rng([cfg.seed, epoch])
+        batches = (length_grouped_batches(epoch_set.lengths, cfg.batch_size, rng)
+                   if cfg.group_by_length else random_batches(len(epoch_set), cfg.batch_size, rng))
+        loader = accelerator.prepare(make_loader(epoch_set, batches, pad_id))
+        model.train()
+        running = []
+        for i, batch in enumerate(tqdm(loader, desc=f"epoch {epoch}", mininterval=10,
+                                       disable=not accelerator.is_local_main_process)):
+            with accelerator.accumulate(model):
+                terms = _loss_terms(model, batch, cfg, task.regression)
+                loss = terms["loss"]
+                if not torch.isfinite(loss):
+                    raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {step}: " + ", ".join(
+                        f"{k}={v.item():.4g}" for k, v in terms.items()))
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    lr = schedule.set_progress((epoch + (i + 1) / len(loader)) / cfg.epochs)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            running.append(torch.stack([v.detach() for v in terms.values()]))
+            step += 1
+            trained_examples += len(batch["labels"])
+            if step % cfg.log_every == 0 or i == len(loader) - 1:
+                mean = torch.stack(running).float().mean(0).tolist()   # one host sync per log
+                running = []
+                history.append({"step": step, "epoch": round(epoch + (i + 1) / len(loader), 4),
+                                "wall_s": round(time.perf_counter() - started, 3),
+                                **dict(zip(terms, mean)), "lr": lr})
+        walls["train"] += time.perf_counter() - t0
+
+        # (3) evaluate on the full dev set(s); checkpoint last and best
+        t0 = time.perf_counter()
+        results = {name: (predict(ex), ex.labels) for name, ex in dev.items()}
+        dev_metrics = kmetrics.evaluate_splits(task, results)
+        first = task.dev_splits[0]
+        record = {"epoch": epoch, "dev": dev_metrics,
+                  "three_subset": kmetrics.three_subset_stats(task, *results[first]),
+                  "train_loss": history[-1]["loss"], "wall_s": round(time.perf_counter() - started, 3)}
+        epochs.append(record)
+        improved = best is None or dev_metrics["score"] > best["dev"]["score"]
+        if improved:
+            best = record
+            _write_dev_predictions(run_dir, task, data.dev, results)
+            if cfg.predict_test:
+                best_state = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
+        if cfg.save_checkpoints and accelerator.is_main_process:
+            unwrapped = accelerator.unwrap_model(model)
+            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last")
+            if improved:
+                _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "best")
+        _write_history(run_dir, history)
+        walls["eval"] += time.perf_counter() - t0
+
+    if cfg.predict_test and data.test:
+        accelerator.unwrap_model(model).load_state_dict(best_state)
+        for name, split in data.test.items():
+            preds = predict(encode(tokenizer, split, cfg.max_length, task.regression))
+            _write_test_predictions(run_dir, task, name, split, preds)
+    walls["total"] = time.perf_counter() - started
+    return {"epochs": epochs, "best_epoch": best["epoch"], "best_dev": best["dev"],
+            "best_three_subset": best["three_subset"], "last_dev": epochs[-1]["dev"],
+            "wall_s": {k: round(v, 3) for k, v in walls.items()},
+            "train_examples": trained_examples,
+            "train_examples_per_s": round(trained_examples / max(walls["train"], 1e-9), 2),
+            "peak_memory_mb": _peak_memory_mb(), "ssa_labels": label_stats,
+            "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
+
+
+def _loss_terms(model, batch: dict, cfg: RunConfig, regression: bool) -> dict[str, torch.Tensor]:
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
+    l_target = target_loss(out["logits"], batch["labels"], regression)
+    if out["token_logits"] is None:
+        return {"loss": l_target}
+    l_ssa = ssa_loss(out["token_logits"], batch["ssa_labels"]) if "ssa_labels" in batch \
+        else out["token_logits"].sum() * 0.0
+    return {"loss": cfg.alpha * l_target + (1 - cfg.alpha) * l_ssa,
+            "loss_target": l_target, "loss_ssa": l_ssa}
+
+
+@torch.inference_mode()
+def _predict_logits(model, examples: Examples, batch_size: int, pad_id: int,
+                    accelerator) -> np.ndarray:
+    """Logits for every row, in row order. Eval mode (no dropout); longest batches first;
+    rows travel with the batch so sharded, gathered results can be put back in order."""
+    was_training = model.training
+    model.eval()
+    loader = accelerator.prepare(make_loader(examples, sorted_batches(examples.lengths, batch_size),
+                                             pad_id))
+    rows, logits = [], []
+    for batch in loader:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
+        got_rows, got = accelerator.gather_for_metrics((batch["rows"], out["logits"].float()))
+        rows.append(got_rows.cpu())
+        logits.append(got.cpu())
+    model.train(was_training)
+    result = np.empty((len(examples), logits[0].shape[-1]), dtype=np.float32)
+    result[torch.cat(rows).numpy()] = torch.cat(logits).numpy()
+    return result
+
+
+def _to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
+    return logits[:, 0] if regression else logits.argmax(-1)
+
+
+def _save_atomic(model, tokenizer, folder: Path) -> None:
+    """Write into a sibling temp folder, then swap it in: a crash never leaves a half checkpoint."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    old = folder.with_name(folder.name + ".old")
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    save_model(model, tokenizer, tmp)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_history(run_dir: Path, history: list[dict]) -> None:
+    if not history:
+        return
+    buf = io.StringIO()
+    fields = list(dict.fromkeys(k for row in history for k in row))
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(history)
+    kio.write_text(run_dir / "history.csv", buf.getvalue())
+
+
+def _label_text(task, value) -> str:
+    return f"{float(value):.4f}" if task.regression else task.labels[int(value)]
+
+
+def _write_dev_predictions(run_dir: Path, task, splits: dict, results: dict) -> None:
+    for name, (preds, labels) in results.items():
+        rows = ["index\tprediction\tlabel"] + [
+            f"{i}\t{_label_text(task, p)}\t{_label_text(task, y)}"
+            for i, p, y in zip(splits[name].ids, preds, labels)]
+        kio.write_text(run_dir / "predictions" / f"{name}.tsv", "\n".join(rows) + "\n")
+
+
+def _write_test_predictions(run_dir: Path, task, name: str, split, preds: np.ndarray) -> None:
+    """The GLUE server's format: `index<TAB>prediction`, label strings (scores for STS-B)."""
+    rows = ["index\tprediction"] + [f"{i}\t{_label_text(task, p)}" for i, p in zip(split.ids, preds)]
+    kio.write_text(run_dir / "predictions" / f"{name}.tsv", "\n".join(rows) + "\n")
+
+
+def _peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux

@@ -1,0 +1,145 @@
+"""kit.metrics against values worked out by hand."""
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from kit.metrics import (compute_metrics, evaluate_splits, reported_metrics, significance_mark,
+                         three_subset_stats, three_subsets, welch_test)
+from kit.tasks import csv_task, get_task
+
+# 2 true positives, 1 false negative, 1 false positive, 2 true negatives.
+LABELS = [1, 1, 1, 0, 0, 0]
+PREDS = [1, 1, 0, 0, 0, 1]
+
+
+def test_binary_classification_by_hand():
+    m = compute_metrics(get_task("MRPC"), PREDS, LABELS)
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    assert m["f1"] == pytest.approx(2 / 3)             # precision 2/3, recall 2/3
+    assert m["score"] == pytest.approx(2 / 3)          # mean of F1 and accuracy
+    assert "mcc" not in m                               # only where it is the official metric
+
+
+def test_cola_mcc_by_hand():
+    m = compute_metrics(get_task("CoLA"), PREDS, LABELS)
+    # (TP*TN - FP*FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) = (4 - 1) / sqrt(81)
+    assert m["mcc"] == pytest.approx(1 / 3)
+    assert m["score"] == pytest.approx(1 / 3)
+
+
+def test_f1_positive_class_is_one():
+    # Flipping which class is "positive" changes F1: class 1 has 1 TP, 1 FP, 0 FN -> 2/3;
+    # class 0 would give 4/5.
+    m = compute_metrics(get_task("RTE"), [1, 1, 0, 0, 0], [1, 0, 0, 0, 0])
+    assert m["f1"] == pytest.approx(2 / 3)
+
+
+def test_regression_correlations_by_hand():
+    # x = 1..4, y = 1, 2, 3, 10: ranks agree perfectly; Pearson = 14 / sqrt(5 * 50).
+    m = compute_metrics(get_task("STS-B"), [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 10.0])
+    assert m["pearson"] == pytest.approx(14 / math.sqrt(250))
+    assert m["spearman"] == pytest.approx(1.0)
+    assert m["score"] == pytest.approx((14 / math.sqrt(250) + 1) / 2)
+
+
+def test_regression_accepts_a_column_of_outputs():
+    m = compute_metrics(get_task("STS-B"), np.array([[1.0], [3.0], [2.0]]), [1.0, 2.0, 3.0])
+    assert m["pearson"] == pytest.approx(0.5)
+
+
+def test_constant_predictions_give_zero_not_nan():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # no ConstantInputWarning either
+        m = compute_metrics(get_task("STS-B"), [2.5, 2.5, 2.5], [1.0, 2.0, 3.0])
+        c = compute_metrics(get_task("CoLA"), [1, 1, 1, 1], [0, 1, 0, 1])
+        f = compute_metrics(get_task("MRPC"), [0, 0, 0], [1, 0, 1])
+    assert m["pearson"] == 0.0 and m["spearman"] == 0.0 and m["score"] == 0.0
+    assert c["mcc"] == 0.0
+    assert f["f1"] == 0.0
+
+
+def test_csv_regression_scores_minus_rmse():
+    m = compute_metrics(csv_task(("text",), None), [1.0, 2.0, 3.0], [1.0, 2.0, 5.0])
+    assert m["mse"] == pytest.approx(4 / 3)
+    assert m["rmse"] == pytest.approx(math.sqrt(4 / 3))
+    assert m["score"] == pytest.approx(-math.sqrt(4 / 3))
+
+
+def test_csv_classification_has_macro_f1():
+    m = compute_metrics(csv_task(("text",), ("a", "b", "c")), [0, 1, 2, 2], [0, 1, 2, 1])
+    # per-class F1: 1, 2/3 (P 1, R 1/2), 2/3 (P 1/2, R 1)
+    assert m["f1_macro"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+    assert m["score"] == pytest.approx((0.75 + m["f1_macro"]) / 2)
+    assert "f1" not in m                                # three classes: no binary F1
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="predictions"):
+        compute_metrics(get_task("RTE"), [1, 0], [1, 0, 1])
+    with pytest.raises(ValueError, match="argmax"):
+        compute_metrics(get_task("RTE"), np.zeros((3, 2)), [1, 0, 1])
+
+
+def test_mnli_mismatched_metrics_get_the_mm_suffix():
+    task = get_task("MNLI")
+    m = evaluate_splits(task, {"dev_matched": ([0, 1, 2, 2], [0, 1, 2, 0]),
+                               "dev_mismatched": ([0, 1], [0, 0])})
+    assert m == pytest.approx({"accuracy": 0.75, "accuracy_mm": 0.5, "score": 0.625})
+    assert reported_metrics(task) == ("accuracy", "accuracy_mm")
+    with pytest.raises(ValueError, match="dev_mismatched"):
+        evaluate_splits(task, {"dev_matched": ([0], [0])})
+
+
+def test_single_split_task_keeps_plain_names():
+    task = get_task("MRPC")
+    assert evaluate_splits(task, {"dev": (PREDS, LABELS)}) == compute_metrics(task, PREDS, LABELS)
+    assert reported_metrics(task) == ("f1", "accuracy")
+
+
+def test_three_subsets_are_fixed_even_and_shuffled():
+    parts = three_subsets(10)
+    assert sorted(len(p) for p in parts) == [3, 3, 4]
+    assert sorted(np.concatenate(parts)) == list(range(10))
+    assert all((a == b).all() for a, b in zip(parts, three_subsets(10)))   # same every call
+    big = three_subsets(1042)                           # CoLA dev size
+    assert [len(p) for p in big] == [348, 347, 347]
+    assert not (np.sort(big[0]) == np.arange(348)).all()                  # not the first third
+    with pytest.raises(ValueError):
+        three_subsets(2)
+
+
+def test_three_subset_stats_score_each_subset():
+    task = get_task("RTE")
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, 30)
+    preds = np.where(rng.random(30) < 0.7, labels, 1 - labels)
+    out = three_subset_stats(task, preds, labels)
+    expected = [float(np.mean(preds[i] == labels[i])) for i in three_subsets(30)]
+    assert out["subsets"] == pytest.approx(expected)
+    assert out["mean"] == pytest.approx(np.mean(expected))
+    assert out["std"] == pytest.approx(np.std(expected))          # ddof=0
+    assert three_subset_stats(task, preds, labels) == out          # deterministic
+    assert three_subset_stats(task, preds, labels, seed=1)["subsets"] != out["subsets"]
+
+
+def test_welch_test_matches_the_formula():
+    a, b = np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 4.0, 6.0, 8.0, 10.0])
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    assert welch_test(a, b) == pytest.approx(2 * stats.t.sf(abs(t), dof))
+    assert welch_test(a, b) == pytest.approx(welch_test(b, a))
+
+
+def test_welch_test_without_evidence_is_one():
+    assert welch_test([0.5], [0.1, 0.2]) == 1.0                  # one seed
+    assert welch_test([0.5, 0.5], [0.7, 0.7]) == 1.0              # no variance at all
+    assert welch_test([0.5, 0.5], [0.7, 0.8]) < 1.0               # one side varies: defined
+
+
+def test_significance_marks():
+    assert [significance_mark(p) for p in (0.001, 0.0099, 0.01, 0.049, 0.05, 1.0)] == [
+        "**", "**", "*", "*", "", ""]

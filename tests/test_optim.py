@@ -1,0 +1,82 @@
+"""Parameter groups: layer-wise lr decay, no-decay set, freezing, full coverage."""
+import pytest
+import torch
+from torch import nn
+from transformers import BertConfig, BertModel
+
+from kit.optim import parameter_groups
+
+LR, WD, DECAY, L = 1e-3, 0.01, 0.5, 2
+
+
+class Wrapped(nn.Module):
+    """The lead's layout: a `backbone` plus heads outside it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=L,
+                                             num_attention_heads=4, intermediate_size=64))
+        self.head = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 3))
+
+
+def by_name(model):
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def test_layerwise_lrs_and_no_decay_set():
+    model = Wrapped()
+    groups = parameter_groups(model, LR, WD, layer_decay=DECAY)
+    names = by_name(model)
+    for group in groups:
+        for p in group["params"]:
+            name = names[id(p)]
+            if name.startswith("backbone.embeddings."):
+                want_lr = LR * DECAY ** (L + 1)
+            elif name.startswith("backbone.encoder.layer."):
+                i = int(name.split(".")[3])
+                want_lr = LR * DECAY ** (L - i)
+            else:                                                  # pooler and head
+                want_lr = LR
+            assert group["lr"] == pytest.approx(want_lr), name
+            no_decay = name.endswith("bias") or "LayerNorm" in name or name == "head.2.weight"
+            assert group["weight_decay"] == (0.0 if no_decay else WD), name
+    parts = ("embeddings", "layer0", "layer1", "top")
+    assert [g["name"] for g in groups] == [f"{p}/{k}" for p in parts for k in ("no_decay", "decay")]
+    torch.optim.AdamW(groups)                                      # accepted as is
+
+
+def test_every_trainable_parameter_exactly_once():
+    model = Wrapped()
+    model.head[0].bias.requires_grad_(False)                       # caller's own freezing is kept
+    ids = [id(p) for g in parameter_groups(model, LR, WD, DECAY) for p in g["params"]]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == {id(p) for p in model.parameters() if p.requires_grad}
+    assert id(model.head[0].bias) not in ids
+
+
+@pytest.mark.parametrize("n_frozen, frozen_prefixes", [
+    (0, ()),
+    (1, ("backbone.embeddings.",)),
+    (2, ("backbone.embeddings.", "backbone.encoder.layer.0.")),
+    (L + 1, ("backbone.embeddings.", "backbone.encoder.")),
+])
+def test_freezing_lowest_modules(n_frozen, frozen_prefixes):
+    model = Wrapped()
+    groups = parameter_groups(model, LR, WD, freeze_layers=n_frozen)
+    in_groups = {id(p) for g in groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        frozen = name.startswith(frozen_prefixes) if frozen_prefixes else False
+        assert p.requires_grad is not frozen, name
+        assert (id(p) in in_groups) is not frozen, name
+    assert model.backbone.pooler.dense.weight.requires_grad
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"freeze_layers must be in 0\.\.3"):
+        parameter_groups(Wrapped(), LR, WD, freeze_layers=L + 2)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="layer_decay"):
+            parameter_groups(Wrapped(), LR, WD, layer_decay=bad)
+    with pytest.raises(ValueError, match="backbone"):
+        parameter_groups(nn.Linear(2, 2), LR, WD)

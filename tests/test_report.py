@@ -1,0 +1,333 @@
+"""kit.report on hand-made run folders, and the paper's numbers against the paper's text."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_row
+from kit.report import (load_runs, paper_table, select_by_best_dev, select_by_three_subsets,
+                        summary_table, write_tables)
+
+PAPER_TEXT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "ssa-bert-paper.txt"
+
+
+def make_run(root: Path, run_id: str, task="RTE", method="bert", seed=0, dev=None,
+             status="ok", three=(0.6, 0.02), model="minilm", **config) -> Path:
+    """A run folder as the training loop writes it (a failed one stops after `error`)."""
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    cfg = {"task": task, "method": method, "seed": seed, "model": model, "lr": 2e-5,
+           "batch_size": 32, "epochs": 3, "alpha": 0.7, "beta": 0.5, "gamma": 1.0, **config}
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    if status == "failed":
+        metrics = {"run_id": run_id, "status": "failed", "error": "CUDA out of memory"}
+    else:
+        dev = dev or {"accuracy": 0.6, "score": 0.6}
+        metrics = {"run_id": run_id, "status": "ok", "error": None, "task": task, "model": model,
+                   "method": method, "seed": seed,
+                   "epochs": [{"epoch": 0, "dev": dev, "train_loss": 0.6, "wall_s": 1.0}],
+                   "best_epoch": 0, "best_dev": dev,
+                   "best_three_subset": {"mean": three[0], "std": three[1],
+                                         "subsets": [three[0]] * 3},
+                   "wall_s": {"train": 10.0, "label_generation": 2.0, "eval": 1.0, "total": 13.0},
+                   "train_examples_per_s": 50.0, "peak_memory_mb": 900.0, "ssa_labels": []}
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    return run_dir
+
+
+def acc(value: float) -> dict:
+    return {"accuracy": value, "score": value}
+
+
+def pair(f1: float, accuracy: float) -> dict:
+    return {"f1": f1, "accuracy": accuracy, "score": (f1 + accuracy) / 2}
+
+
+def mnli(m: float, mm: float) -> dict:
+    return {"accuracy": m, "accuracy_mm": mm, "score": (m + mm) / 2}
+
+
+# ---------------------------------------------------------------- load_runs
+
+def test_load_runs_ok_failed_and_missing(tmp_path):
+    make_run(tmp_path, "a", seed=0, dev=acc(0.6))
+    make_run(tmp_path, "b", seed=1, status="failed")
+    (tmp_path / "c").mkdir()                            # still running: config only
+    (tmp_path / "c" / "config.json").write_text(json.dumps({"task": "RTE", "method": "bert",
+                                                            "seed": 2, "model": "minilm"}))
+    (tmp_path / ".tmp").mkdir()                         # hidden folders are not runs
+    df = load_runs(tmp_path).set_index("run_id")
+    assert list(df.index) == ["a", "b", "c"]
+    assert list(df["status"]) == ["ok", "failed", "missing"]
+    assert list(df["seed"]) == [0, 1, 2]                # identity of a failed run from config
+    assert (df["task"] == "RTE").all()
+    assert df.loc["a", "accuracy"] == 0.6 and np.isnan(df.loc["b", "accuracy"])
+    assert df.loc["b", "error"] == "CUDA out of memory"
+    assert df.loc["a", "three_subset_mean"] == 0.6 and df.loc["a", "three_subset_std"] == 0.02
+    assert df.loc["a", "wall_train_s"] == 10.0 and df.loc["a", "train_examples_per_s"] == 50.0
+    assert df.loc["a", "lr"] == 2e-5 and df.loc["a", "gamma"] == 1.0   # config columns
+    assert df.loc["a", "best_epoch"] == 0
+
+
+def test_load_runs_takes_a_list_of_folders(tmp_path):
+    dirs = [make_run(tmp_path, f"r{i}", seed=i) for i in range(3)]
+    assert list(load_runs(dirs[:2])["run_id"]) == ["r0", "r1"]
+
+
+def test_load_runs_flattens_nested_config(tmp_path):
+    make_run(tmp_path, "a", ssa={"alpha": 0.9, "masks": [1, 2]})
+    df = load_runs(tmp_path)
+    assert df.loc[0, "ssa.alpha"] == 0.9 and "ssa.masks" not in df.columns
+
+
+def test_corrupt_metrics_json_names_the_file(tmp_path):
+    make_run(tmp_path, "a")
+    bad = make_run(tmp_path, "b") / "metrics.json"
+    bad.write_text('{"status": "ok", "best_de')
+    with pytest.raises(ValueError) as info:
+        load_runs(tmp_path)
+    assert str(bad) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_status_is_refused(tmp_path):
+    path = make_run(tmp_path, "a") / "metrics.json"
+    path.write_text(json.dumps({"status": "done"}))
+    with pytest.raises(ValueError, match="status"):
+        load_runs(tmp_path)
+
+
+def test_report_never_imports_torch():
+    # In a fresh interpreter: this test session may have imported torch for other tests.
+    code = "import sys, kit.report; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ---------------------------------------------------------------- summary_table
+
+def test_summary_over_seeds_with_failed_and_missing(tmp_path):
+    for seed, (f1, a) in enumerate([(0.8, 0.7), (0.9, 0.8)]):
+        make_run(tmp_path, f"m{seed}", task="MRPC", seed=seed, dev=pair(f1, a))
+    make_run(tmp_path, "m2", task="MRPC", seed=2, status="failed")
+    make_run(tmp_path, "r0", task="RTE", method="ssa-h", seed=0, dev=acc(0.7))
+    out = summary_table(load_runs(tmp_path))
+    assert list(out["task"]) == ["MRPC", "RTE"]
+    mrpc = out.iloc[0]
+    assert (mrpc["n_seeds"], mrpc["n_failed"], mrpc["n_missing"]) == (2, 1, 0)
+    assert mrpc["f1_mean"] == pytest.approx(0.85) and mrpc["accuracy_mean"] == pytest.approx(0.75)
+    assert mrpc["f1_std"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
+    assert mrpc["score_mean"] == pytest.approx(0.8)
+    assert np.isnan(out.iloc[1]["f1_mean"])             # RTE has no F1 column
+
+
+def test_summary_refuses_mixed_configurations(tmp_path):
+    make_run(tmp_path, "a", seed=0, lr=1e-5)
+    make_run(tmp_path, "b", seed=0, lr=2e-5)
+    df = load_runs(tmp_path)
+    with pytest.raises(ValueError, match="several OK runs for one seed"):
+        summary_table(df)
+    assert list(summary_table(df, by=["lr"])["lr"]) == [1e-5, 2e-5]
+
+
+# ---------------------------------------------------------------- paper_table
+
+@pytest.fixture
+def grid(tmp_path):
+    """bert and ssa-h on MNLI, RTE, MRPC; ssa-h clearly better on RTE; one ssa-h seed missing
+    on MRPC and one bert RTE run failed; bert-mask only on RTE."""
+    for seed in range(3):
+        make_run(tmp_path, f"bert-mnli-{seed}", task="MNLI", seed=seed, dev=mnli(0.80, 0.81))
+        make_run(tmp_path, f"ssah-mnli-{seed}", task="MNLI", method="ssa-h", seed=seed,
+                 dev=mnli(0.80 + seed / 100, 0.81))
+        make_run(tmp_path, f"bert-rte-{seed}", task="RTE", seed=seed,
+                 dev=acc(0.60 + seed / 100))
+        make_run(tmp_path, f"ssah-rte-{seed}", task="RTE", method="ssa-h", seed=seed,
+                 dev=acc(0.70 + seed / 100))
+        make_run(tmp_path, f"bert-mrpc-{seed}", task="MRPC", seed=seed, dev=pair(0.88, 0.84))
+        make_run(tmp_path, f"mask-rte-{seed}", task="RTE", method="bert-mask", seed=seed,
+                 dev=acc(0.55 + seed / 100))
+    make_run(tmp_path, "bert-rte-3", task="RTE", seed=3, status="failed")
+    for seed in range(2):
+        make_run(tmp_path, f"ssah-mrpc-{seed}", task="MRPC", method="ssa-h", seed=seed,
+                 dev=pair(0.89 + seed / 100, 0.85))
+    (tmp_path / "ssah-mrpc-2").mkdir()
+    (tmp_path / "ssah-mrpc-2" / "config.json").write_text(json.dumps(
+        {"task": "MRPC", "method": "ssa-h", "seed": 2, "model": "minilm"}))
+    return load_runs(tmp_path)
+
+
+def test_paper_table_layout(grid):
+    table = paper_table(grid)
+    assert list(table.index) == ["BERT-r", "BERT-mask", "SSA-H"]
+    assert table.index.name == "Model"
+    assert list(table.columns) == ["Avg", "MRPC", "MNLI", "RTE"]     # GLUE order
+    bert, ssah = table.loc["BERT-r"], table.loc["SSA-H"]
+    assert bert["MRPC"] == "88.0/84.0 ± 0.0/0.0 (n=3)"               # F1/acc
+    assert bert["MNLI"] == "80.0/81.0 ± 0.0/0.0 (n=3)"               # m/mm
+    assert bert["RTE"] == "61.0 ± 1.0 (n=3, 1 failed)"
+    assert ssah["RTE"] == "71.0** ± 1.0 (n=3)"                       # Welch vs BERT-r
+    assert ssah["MRPC"] == "89.5/85.0 ± 0.7/0.0 (n=2, 1 missing)"
+    assert ssah["MNLI"] == "81.0/81.0 ± 1.0/0.0 (n=3)"               # mean 81 vs 80.5: p > .05
+    assert bert["Avg"] == f"{np.mean([86.0, 80.5, 61.0]):.1f}"       # GLUE average of scores
+    assert table.loc["BERT-mask", "MRPC"] == ""                      # not run there
+    assert table.loc["BERT-mask", "RTE"] == "56.0 ± 1.0 (n=3)"       # worse: never marked
+    assert table.loc["BERT-mask", "Avg"] == "n/a"
+
+
+def test_paper_table_single_seed_and_all_failed(tmp_path):
+    make_run(tmp_path, "a", task="CoLA", dev={"mcc": 0.4321, "accuracy": 0.8, "score": 0.4321})
+    make_run(tmp_path, "b", task="SST-2", status="failed")
+    table = paper_table(load_runs(tmp_path))
+    assert table.loc["BERT-r", "CoLA"] == "43.2 (n=1)"
+    assert table.loc["BERT-r", "SST-2"] == "n/a (n=0, 1 failed)"
+
+
+def test_paper_table_with_the_papers_rows(grid):
+    table = paper_table(grid, paper="base")
+    assert list(table.index) == [
+        "BERT-r", "BERT-r (paper)", "BERT-r (measured - paper)",
+        "BERT-mask", "BERT-mask (paper)", "BERT-mask (measured - paper)",
+        "SSA-H", "SSA-H (paper)", "SSA-H (measured - paper)"]
+    assert table.loc["SSA-H (paper)", "RTE"] == "70.3**"
+    assert table.loc["SSA-H (paper)", "MRPC"] == "89.1/85.4*"
+    assert table.loc["SSA-H (measured - paper)", "RTE"] == "+0.7"
+    assert table.loc["BERT-r (measured - paper)", "MNLI"] == "-4.2/-2.2"
+    assert table.loc["BERT-r (paper)", "Avg"] == f"{np.mean([(87.1 + 82.8) / 2, 83.7, 69.1]):.1f}"
+
+
+def test_paper_table_several_models(tmp_path):
+    make_run(tmp_path, "a", model="minilm")
+    make_run(tmp_path, "b", model="bert-base-uncased")
+    assert list(paper_table(load_runs(tmp_path)).index) == [
+        "BERT-r [bert-base-uncased]", "BERT-r [minilm]"]
+
+
+# ---------------------------------------------------------------- selection
+
+def test_three_subset_rule_next_to_best_dev(tmp_path):
+    # lr 2e-5 has the best dev score but unstable subsets; 1e-5 is steadier.
+    for seed in range(2):
+        make_run(tmp_path, f"hi-{seed}", seed=seed, lr=2e-5, dev=acc(0.70), three=(0.70, 0.08))
+        make_run(tmp_path, f"lo-{seed}", seed=seed, lr=1e-5, dev=acc(0.66), three=(0.66, 0.01))
+        make_run(tmp_path, f"x-{seed}", seed=seed, lr=3e-5, status="failed")
+    df = load_runs(tmp_path)
+    keys = ["task", "model", "method"]
+    by_three = select_by_three_subsets(df, keys, ["lr"])
+    by_dev = select_by_best_dev(df, keys, ["lr"])
+    assert set(by_three["lr"]) == {1e-5} and len(by_three) == 2
+    assert set(by_dev["lr"]) == {2e-5} and len(by_dev) == 2
+    assert by_three["selection_criterion"].iloc[0] == pytest.approx(0.65)
+    assert paper_table(by_three).loc["BERT-r", "RTE"] == "66.0 ± 0.0 (n=2)"
+
+
+def test_selection_is_per_group_and_keeps_failed_seeds(tmp_path):
+    make_run(tmp_path, "a0", seed=0, gamma=1.0, three=(0.6, 0.0))
+    make_run(tmp_path, "a1", seed=1, gamma=1.0, status="failed")
+    make_run(tmp_path, "b0", seed=0, gamma=2.0, three=(0.5, 0.0))
+    make_run(tmp_path, "c0", seed=0, method="ssa-h", gamma=2.0, three=(0.7, 0.0))
+    out = select_by_three_subsets(load_runs(tmp_path), ["task", "method"], ["gamma"])
+    assert sorted(out["run_id"]) == ["a0", "a1", "c0"]
+
+
+def test_selection_with_unset_hyper_parameters(tmp_path):
+    # bert runs have no alpha (None in config.json): they still form one candidate.
+    make_run(tmp_path, "a0", seed=0, alpha=None, three=(0.60, 0.01))
+    make_run(tmp_path, "a1", seed=1, alpha=None, three=(0.62, 0.01))
+    make_run(tmp_path, "b0", seed=0, method="ssa-co", alpha=0.7, three=(0.60, 0.01))
+    make_run(tmp_path, "b1", seed=0, method="ssa-co", alpha=0.9, three=(0.70, 0.01))
+    out = select_by_three_subsets(load_runs(tmp_path), ["task", "method"], ["alpha"])
+    assert sorted(out["run_id"]) == ["a0", "a1", "b1"]
+
+
+# ---------------------------------------------------------------- writing
+
+def test_write_tables_md_csv_tex_without_leftovers(tmp_path, grid):
+    table = paper_table(grid)
+    paths = write_tables(table, "paper", tmp_path / "tables")
+    assert [p.name for p in paths] == ["paper.md", "paper.csv", "paper.tex"]
+    assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == sorted(
+        p.name for p in paths)                                       # no tmp files left
+    md = paths[0].read_text().splitlines()
+    assert md[0] == "| Model | Avg | MRPC | MNLI | RTE |"
+    assert md[1] == "| --- | --- | --- | --- | --- |"
+    assert md[4].startswith("| SSA-H | ") and "71.0** ± 1.0 (n=3)" in md[4]
+    csv = pd.read_csv(paths[1], keep_default_na=False)
+    assert list(csv["Model"]) == list(table.index) and csv.loc[2, "RTE"] == "71.0** ± 1.0 (n=3)"
+    tex = paths[2].read_text()
+    assert "\\begin{tabular}" in tex and "$\\pm$" in tex and "±" not in tex
+
+
+def test_write_several_tables_in_one_file_set(tmp_path, grid):
+    summary = summary_table(grid)
+    write_tables({"paper": paper_table(grid), "summary": summary}, "profile", tmp_path)
+    md = (tmp_path / "profile.md").read_text()
+    assert "## paper\n" in md and "## summary\n" in md
+    csv = pd.read_csv(tmp_path / "profile.csv")
+    assert list(csv.columns[:2]) == ["table", "Model"]
+    assert (csv["table"] == "summary").sum() == len(summary)
+    assert (tmp_path / "profile.tex").read_text().count("\\begin{table}") == 2   # captioned
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    write_tables(pd.DataFrame({"a": [1]}), "t", tmp_path)
+    before = (tmp_path / "t.md").read_text()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        write_tables(pd.DataFrame({"a": [2]}), "t", tmp_path)
+    assert (tmp_path / "t.md").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.md", "t.tex"]
+
+
+def test_named_index_levels_become_columns(tmp_path):
+    table = summary_table(load_runs([make_run(tmp_path, "a")])).set_index(["task", "method"])
+    write_tables(table, "t", tmp_path)
+    assert (tmp_path / "t.md").read_text().startswith("| task | method | model |")
+
+
+def test_markdown_escapes_pipes_and_blanks_missing_values(tmp_path):
+    table = pd.DataFrame({"x": ["a|b"], "y": [np.nan], "z": [0.123456789], "e": [None]})
+    write_tables(table, "t", tmp_path)
+    assert (tmp_path / "t.md").read_text().splitlines()[2] == "| a\\|b |  | 0.123457 |  |"
+
+
+# ---------------------------------------------------------------- the paper's numbers
+
+def test_paper_numbers_spot_checks():
+    base = {row.name: row for row in PAPER_RESULTS["base"]}
+    assert base["BERT-r"].values["CoLA/mcc"] == 51.8
+    assert base["BERT-SSA-H"].values["MNLI/accuracy_mm"] == 84.1
+    assert base["BERT-SSA-H"].values["QQP/f1"] == 71.5
+    assert base["BERT-SSA-H"].values["QQP/accuracy"] == 89.3
+    assert base["BERT-SSA-H"].marks["QQP"] == "**" and base["BERT-SSA-Co"].marks["QQP"] == ""
+    assert base["BERT-m"].values["STS-B/spearman"] == 85.4
+    assert paper_row("large", "ssa-h").values["MNLI/accuracy"] == 86.2
+    assert paper_row("roberta-large", "ssa-h").avg == 84.3
+    assert paper_row("roberta-base", "bert").values["RTE/accuracy"] == 73.9
+    assert paper_row("large", "ssa-co") is None
+    with pytest.raises(ValueError, match="roberta-base"):
+        paper_row("xlnet", "bert")
+
+
+def test_paper_rows_agree_with_their_printed_average():
+    # The printed Avg is the GLUE average: each task's metrics averaged, then the nine tasks.
+    for rows in PAPER_RESULTS.values():
+        for row in rows:
+            tasks = [np.mean([v for k, v in row.values.items() if k.startswith(f"{t}/")])
+                     for t in PAPER_TASKS]
+            assert f"{np.mean(tasks):.1f}" == f"{row.avg:.1f}", row.name
+
+
+@pytest.mark.skipif(not PAPER_TEXT.exists(), reason="paper text not available")
+def test_paper_rows_are_verbatim_from_the_paper():
+    lines = PAPER_TEXT.read_text(encoding="utf-8").splitlines()
+    printed = {line.split("\t", 1)[1] for line in lines if line.count("\t") == 10}
+    for rows in PAPER_RESULTS.values():
+        for row in rows:
+            assert row.text.replace(" | ", "\t") in printed, row.name
