@@ -45,6 +45,8 @@ class RunConfig:
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
     grad_accum: int = 1
+    layer_decay: float = 1.0           # layer-wise lr decay (StructBERT lr_decay_factor); 1 = off
+    freeze_layers: int = 0             # freeze the N lowest modules (embeddings count as the first)
     group_by_length: bool = True
     mixed_precision: str = "auto"      # auto (bf16/fp16 on GPU, none on CPU) | no | bf16 | fp16
     # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
@@ -66,6 +68,11 @@ class RunConfig:
     code_share_max: float = 0.8
     save_labels: bool = False          # write generated SSA labels per epoch into the run folder
     reuse_labels_from: str = ""        # a run folder whose saved labels replace probing
+    # attention guiding (Wang et al. 2022), on top of any method
+    guide_loss: str = "task"           # task | task+pd | task+ad | task+both
+    pd_factor: float = 0.001
+    ad_factor: float = 0.001
+    guide_reduction: str = "query"     # query (attention received) | key (released code; ~constant)
     # outputs
     outputs_dir: str = "outputs"
     save_checkpoints: bool = True
@@ -143,6 +150,7 @@ _CHOICES = {
     "method": METHODS, "mask_scheme": ("ratio", "spans"), "label_rule": ("paper", "code"),
     "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
+    "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
 }
 _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),
@@ -156,7 +164,9 @@ _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "eval_batch_size": (1, float("inf"), True, False), "grad_accum": (1, float("inf"), True, False),
     "max_length": (8, 4096, True, True), "max_train_examples": (0, float("inf"), True, False),
     "synthetic_size": (8, float("inf"), True, False), "ssa_start_epoch": (0, float("inf"), True, False),
-    "log_every": (1, float("inf"), True, False),
+    "log_every": (1, float("inf"), True, False), "layer_decay": (0, 1, False, True),
+    "freeze_layers": (0, float("inf"), True, False), "pd_factor": (0, float("inf"), True, False),
+    "ad_factor": (0, float("inf"), True, False),
 }
 
 

@@ -48,14 +48,13 @@ def load_backbone(name: str, eager_attention: bool = False):
                             max_position_embeddings=512, attn_implementation=attn)
         return BertModel(config), tokenizer
     from kit import checkpoints
-    if Path(name).is_dir() and checkpoints.is_classic_checkpoint(name):
-        model, tokenizer, _ = checkpoints.load_classic_folder(name)
-        model.set_attn_implementation(attn)
-        return model, tokenizer
+    if checkpoints.is_classic_checkpoint(name):
+        model, tokenizer, _ = checkpoints.load_classic_checkpoint(name, attn_implementation=attn)
+        return model.train(), tokenizer
     source = _resolve(name)
     try:
         model = AutoModel.from_pretrained(source, attn_implementation=attn)
-    except OSError as err:
+    except (OSError, ValueError) as err:   # ValueError: a folder without a model_type
         raise ModelError(_load_hint(name, err)) from None
     return model, load_tokenizer(name)
 
@@ -133,7 +132,8 @@ class SequenceModel(nn.Module):
         self.backbone, self.spec = backbone, spec
         cfg = backbone.config
         hidden = cfg.hidden_size
-        dropout = getattr(cfg, "classifier_dropout", None) or cfg.hidden_dropout_prob
+        dropout = getattr(cfg, "classifier_dropout", None)
+        dropout = cfg.hidden_dropout_prob if dropout is None else dropout
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden, spec.num_labels)
         self.classifier.weight.data.normal_(0.0, cfg.initializer_range)

@@ -25,7 +25,9 @@ from kit import metrics as kmetrics
 from kit.config import RunConfig
 from kit.data import (Examples, encode, length_grouped_batches, load_task_data, make_loader,
                       random_batches, sorted_batches)
+from kit.guiding import guiding_loss
 from kit.models import HeadSpec, SequenceModel, load_backbone, save_model, ssa_loss, target_loss
+from kit.optim import parameter_groups
 from kit.ssa import build_epoch
 
 
@@ -99,11 +101,13 @@ class LinearSchedule:
 
 def _fit(cfg: RunConfig, run_dir: Path) -> dict:
     from accelerate.utils import set_seed
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
     set_seed(cfg.seed)
     accelerator = _accelerator(cfg)
     data = load_task_data(cfg)
     task = data.task
-    backbone, tokenizer = load_backbone(cfg.model)
+    backbone, tokenizer = load_backbone(cfg.model, eager_attention=cfg.guide_loss != "task")
     spec = HeadSpec(num_labels=task.num_labels, method=cfg.method, beta=cfg.beta,
                     hybrid_weighting=cfg.hybrid_weighting,
                     attention_threshold=cfg.attention_threshold,
@@ -114,13 +118,10 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
     dev = {name: encode(tokenizer, split, cfg.max_length, task.regression)
            for name, split in data.dev.items()}
 
-    no_decay = ("bias", "LayerNorm.weight", "norm.weight")
-    groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
-         "weight_decay": cfg.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
-         "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr)
+    # fused AdamW: one kernel for all parameters (CPU and CUDA); ~8x faster steps on CPU
+    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.lr, cfg.weight_decay,
+                                                   cfg.layer_decay, cfg.freeze_layers),
+                                  lr=cfg.lr, fused=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
     lr = schedule.set_progress(0.0)
@@ -147,17 +148,15 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         rng = np.random.default_rng([cfg.seed, epoch])
         batches = (length_grouped_batches(epoch_set.lengths, cfg.batch_size, rng)
                    if cfg.group_by_length else random_batches(len(epoch_set), cfg.batch_size, rng))
-        loader = accelerator.prepare(make_loader(epoch_set, batches, pad_id))
+        loader = _loader(accelerator, epoch_set, batches, pad_id)
         model.train()
         running = []
         for i, batch in enumerate(tqdm(loader, desc=f"epoch {epoch}", mininterval=10,
                                        disable=not accelerator.is_local_main_process)):
+            batch = _to_device(batch, accelerator)
             with accelerator.accumulate(model):
                 terms = _loss_terms(model, batch, cfg, task.regression)
                 loss = terms["loss"]
-                if not torch.isfinite(loss):
-                    raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {step}: " + ", ".join(
-                        f"{k}={v.item():.4g}" for k, v in terms.items()))
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -168,8 +167,10 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
             step += 1
             trained_examples += len(batch["labels"])
             if step % cfg.log_every == 0 or i == len(loader) - 1:
-                mean = torch.stack(running).float().mean(0).tolist()   # one host sync per log
+                window = torch.stack(running).float()       # one host sync per log, not per step
                 running = []
+                _check_finite(window, list(terms), epoch, step)
+                mean = window.mean(0).tolist()
                 history.append({"step": step, "epoch": round(epoch + (i + 1) / len(loader), 4),
                                 "wall_s": round(time.perf_counter() - started, 3),
                                 **dict(zip(terms, mean)), "lr": lr})
@@ -213,16 +214,49 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
 
 
+def _check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int) -> None:
+    """Stop at the first non-finite loss of the logging window, naming its step and terms."""
+    bad = (~torch.isfinite(window)).any(dim=1).nonzero()
+    if len(bad):
+        row = int(bad[0])
+        at = step - len(window) + row
+        raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {at}: " + ", ".join(
+            f"{k}={v:.4g}" for k, v in zip(names, window[row].tolist())))
+
+
+def _loader(accelerator, examples: Examples, batches: list[list[int]], pad_id: int):
+    """Sharded by accelerate only when there are several processes: prepare() keeps every loader
+    it sees (and with it the epoch's examples) alive for the whole run."""
+    loader = make_loader(examples, batches, pad_id, pin_memory=accelerator.device.type == "cuda")
+    return accelerator.prepare(loader) if accelerator.num_processes > 1 else loader
+
+
+def _to_device(batch: dict, accelerator) -> dict:
+    if accelerator.num_processes > 1:      # prepared loaders already place batches
+        return batch
+    return {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
+
+
 def _loss_terms(model, batch: dict, cfg: RunConfig, regression: bool) -> dict[str, torch.Tensor]:
+    """The training loss and its parts (for history.csv). SSA: alpha * L_target +
+    (1 - alpha) * L_SSA; attention guiding adds pd_factor * L_PD + ad_factor * L_MD on top."""
+    guided = cfg.guide_loss != "task"
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
+                special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"),
+                output_attentions=guided)
     l_target = target_loss(out["logits"], batch["labels"], regression)
-    if out["token_logits"] is None:
-        return {"loss": l_target}
-    l_ssa = ssa_loss(out["token_logits"], batch["ssa_labels"]) if "ssa_labels" in batch \
-        else out["token_logits"].sum() * 0.0
-    return {"loss": cfg.alpha * l_target + (1 - cfg.alpha) * l_ssa,
-            "loss_target": l_target, "loss_ssa": l_ssa}
+    terms = {"loss": l_target}
+    if out["token_logits"] is not None:
+        l_ssa = ssa_loss(out["token_logits"], batch["ssa_labels"]) if "ssa_labels" in batch \
+            else out["token_logits"].sum() * 0.0
+        terms = {"loss": cfg.alpha * l_target + (1 - cfg.alpha) * l_ssa,
+                 "loss_target": l_target, "loss_ssa": l_ssa}
+    if guided:
+        aux, parts = guiding_loss(out["attentions"], batch["attention_mask"], cfg.guide_loss,
+                                  cfg.pd_factor, cfg.ad_factor, cfg.guide_reduction)
+        terms = {**terms, "loss": terms["loss"] + aux, "loss_target": l_target,
+                 **{f"loss_{k}": v for k, v in parts.items()}}
+    return terms
 
 
 @torch.inference_mode()
@@ -232,10 +266,10 @@ def _predict_logits(model, examples: Examples, batch_size: int, pad_id: int,
     rows travel with the batch so sharded, gathered results can be put back in order."""
     was_training = model.training
     model.eval()
-    loader = accelerator.prepare(make_loader(examples, sorted_batches(examples.lengths, batch_size),
-                                             pad_id))
+    loader = _loader(accelerator, examples, sorted_batches(examples.lengths, batch_size), pad_id)
     rows, logits = [], []
     for batch in loader:
+        batch = _to_device(batch, accelerator)
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
         got_rows, got = accelerator.gather_for_metrics((batch["rows"], out["logits"].float()))

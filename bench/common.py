@@ -1,0 +1,180 @@
+"""Shared bits of the benchmark scripts: the arguments every benchmark takes, the hardware
+header, one-subprocess-per-contender runs, and markdown tables.
+
+Each contender runs in a fresh child process (the script re-invokes itself with `--child`),
+so peak resident memory (ru_maxrss only ever grows) and library warm-up are per contender.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """The settings both benchmarks share; all contenders of one invocation get the same ones."""
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", default="RTE", help="GLUE task read from $GLUE_DIR (RTE, SST-2 ...)")
+    p.add_argument("--model", default="minilm",
+                   help="minilm (embedded) or a local Hugging Face folder")
+    p.add_argument("--max-train", type=int, default=0,
+                   help="first N train rows of the kit's fixed shuffle; 0 = all")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads in every child; 0 = torch's default")
+    p.add_argument("--json", metavar="OUT", help="also write the results here")
+    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (minutes)")
+    # internal: one contender, run in a child process, result written as JSON to --result
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p
+
+
+def parse(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespace:
+    """Parse; with --quick the `quick` sizes replace the defaults (flags given explicitly win)."""
+    args = parser.parse_args()
+    if args.quick and not args.child:
+        parser.set_defaults(**quick)
+        args = parser.parse_args()
+    return args
+
+
+SHARED = ("task", "model", "max_train", "epochs", "batch_size", "max_length", "lr", "seed",
+          "threads")
+
+
+def child_argv(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> list[str]:
+    """The parent's resolved settings as flags, so a child sees exactly what the parent chose
+    (after --quick has filled in its sizes)."""
+    out = []
+    for name in (*SHARED, *extra):
+        value = getattr(args, name)
+        out += [f"--{name.replace('_', '-')}", ",".join(map(str, value))
+                if isinstance(value, (list, tuple)) else str(value)]
+    return out
+
+
+def setup_child(args: argparse.Namespace) -> None:
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def run_child(script: str, argv: list[str], name: str) -> dict:
+    """Run `script --child name` in a fresh interpreter and return the JSON it writes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, script, *argv, "--child", name, "--result", str(result)]
+        print(f"\n--- {name}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, cwd=REPO)
+        if done.returncode != 0 or not result.exists():
+            raise SystemExit(f"contender {name} failed (exit {done.returncode})")
+        out = json.loads(result.read_text())
+        out["process_wall_s"] = round(time.perf_counter() - t0, 2)   # incl. imports and loading
+        return out
+
+
+def write_result(path: str, result: dict) -> None:
+    """A child's last act: its measurements plus its process-wide memory peaks."""
+    result = {**result, **peak_memory()}
+    Path(path).write_text(json.dumps(result, indent=1, default=float))
+
+
+def peak_memory() -> dict:
+    """Peak resident set size of this process (the whole child: loading, training, eval);
+    on a GPU also the peak of memory allocated by torch."""
+    import torch
+    out = {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if torch.cuda.is_available():
+        out["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
+
+
+def hardware() -> dict:
+    import torch
+    import transformers
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+            "load_avg_1m": round(os.getloadavg()[0], 2),   # a busy machine skews every number
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return info
+
+
+def print_header(title: str) -> dict:
+    """Print what was run, where; returns both for the JSON."""
+    command = shlex.join([sys.executable, *sys.argv])
+    hw = hardware()
+    print(f"# {title}\n\ncommand: `{command}`\n")
+    print("hardware: " + ", ".join(f"{k}={v}" for k, v in hw.items()) + "\n", flush=True)
+    return {"command": command, "hardware": hw, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    def cell(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
+        return str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def memory_mb(result: dict) -> float:
+    """The memory that limits a run: GPU memory on a GPU, else resident memory."""
+    return result.get("peak_gpu_mb", result["peak_rss_mb"])
+
+
+def ratio(a, b) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def dump_json(path: str | None, payload: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=1, default=float) + "\n")
+        print(f"\nwrote {path}")
+
+
+def kit_config(args: argparse.Namespace, outputs_dir: str, **overrides):
+    """The kit's RunConfig for these settings. A fresh outputs_dir per run: fit() returns an
+    earlier finished run of the same config instead of training again."""
+    from kit.config import RunConfig
+    return RunConfig(task=args.task, model=args.model, seed=args.seed,
+                     max_train_examples=args.max_train, max_length=args.max_length,
+                     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                     weight_decay=0.01, warmup_ratio=0.1, outputs_dir=outputs_dir,
+                     save_checkpoints=False, **overrides)
+
+
+def check_environment() -> None:
+    if not os.environ.get("GLUE_DIR"):
+        raise SystemExit("set GLUE_DIR to the GLUE folder (e.g. /work/shared/glue)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # no fork warnings, no extra threads

@@ -1,0 +1,222 @@
+"""The kit's vanilla fine-tuning loop vs the plain Hugging Face Trainer, side by side.
+
+Same model, same train rows (the kit's fixed shuffle, first --max-train), same batch size,
+max length, epochs, lr, seed, 10% linear warm-up, weight decay 0.01, grad-norm clip 1.0.
+Contenders (each in its own fresh process, so peak RSS is its own):
+
+    kit              fit(RunConfig(method="bert")), length-grouped batches (the kit's default)
+    kit-random       the same with group_by_length=False: plain shuffled batches, like Trainer's
+                     default - separates "faster loop" from "less padding"
+    trainer          Trainer + AutoModelForSequenceClassification + DataCollatorWithPadding
+    trainer-grouped  the same with train_sampling_strategy="group_by_length" (transformers 5.x;
+                     4.x spelled it group_by_length=True, which 5.x no longer accepts)
+
+Measured: training wall time only (no eval, no loading), examples/s, seconds per epoch, peak
+RSS of the contender's process, the final dev metric on the full dev set, and the share of real
+(non-padding) tokens each batching feeds the model.
+
+    python bench/trainer_vs_kit.py --task RTE --json outputs/bench/trainer_vs_kit_rte.json
+    python bench/trainer_vs_kit.py --quick
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+CONTENDERS = ("kit", "kit-random", "trainer", "trainer-grouped")
+QUICK = {"task": "RTE", "max_train": 128, "epochs": 1}   # ~2.5 min for 4 contenders
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--contenders", default=",".join(CONTENDERS),
+                        help=f"comma-separated subset of {', '.join(CONTENDERS)}")
+    args = common.parse(parser, QUICK)
+    common.check_environment()
+    if args.child:
+        common.setup_child(args)
+        run = {"kit": lambda: run_kit(args, grouped=True),
+               "kit-random": lambda: run_kit(args, grouped=False),
+               "trainer": lambda: run_trainer(args, grouped=False),
+               "trainer-grouped": lambda: run_trainer(args, grouped=True)}[args.child]
+        common.write_result(args.result, run())
+        return
+
+    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = set(names) - set(CONTENDERS)
+    if unknown or args.model == "tiny":
+        raise SystemExit(f"unknown contender(s) {sorted(unknown)}" if unknown else
+                         "--model tiny is kit-only; give a Hugging Face folder (or minilm)")
+    meta = common.print_header("Trainer vs kit")
+    padding = padding_shares(args)
+    results = {}
+    for name in names:
+        results[name] = common.run_child(__file__, common.child_argv(args), name)
+        results[name]["real_token_share"] = padding[BATCHING[name]]
+    report(args, results, padding)
+    common.dump_json(args.json, {**meta, "settings": vars(args), "padding": padding,
+                                 "results": results})
+
+
+# ----------------------------------------------------------------------------- contenders
+
+def run_kit(args, grouped: bool) -> dict:
+    from kit.metrics import reported_metrics
+    from kit.tasks import get_task
+    from kit.train import fit
+    with tempfile.TemporaryDirectory() as out:
+        m = fit(common.kit_config(args, out, method="bert", group_by_length=grouped))
+    metric = reported_metrics(get_task(args.task))[0]
+    return {"train_s": m["wall_s"]["train"], "train_examples": m["train_examples"],
+            # the kit evaluates after every epoch; report the cost of one evaluation
+            "eval_s": round(m["wall_s"]["eval"] / args.epochs, 3),
+            "metric": metric, "dev_metric": m["last_dev"][metric], "device": m["device"],
+            "precision": m["mixed_precision"]}
+
+
+def run_trainer(args, grouped: bool) -> dict:
+    import numpy as np
+    import torch
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
+                              DataCollatorWithPadding, Trainer, TrainingArguments, set_seed)
+
+    from kit.data import load_task_data
+    from kit.metrics import evaluate_splits, reported_metrics
+    from kit.models import embedded_model_dir
+
+    # the kit's loader gives the exact rows the kit trains on (same capped shuffle)
+    data = load_task_data(common.kit_config(args, "unused"))
+    task = data.task
+    path = str(embedded_model_dir()) if args.model == "minilm" else args.model
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    def rows(split):   # unpadded, like the kit: DataCollatorWithPadding pads per batch
+        enc = tokenizer(split.text_a, split.text_b, truncation=True, max_length=args.max_length)
+        return [{**{k: v[i] for k, v in enc.items()}, "labels": int(split.labels[i])}
+                for i in range(len(split))]
+
+    train, dev = rows(data.train), {name: rows(split) for name, split in data.dev.items()}
+    set_seed(args.seed)                       # the classifier's random init
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=task.num_labels, attn_implementation="sdpa")   # the kit's attention too
+    cuda = torch.cuda.is_available()
+    # Trainer's default is fp32 everywhere; the kit's "auto" uses bf16 (fp16) + tf32 on a GPU.
+    # Match the kit so a GPU comparison is not a precision comparison.
+    bf16 = cuda and torch.cuda.is_bf16_supported()
+    with tempfile.TemporaryDirectory() as out:
+        targs = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=args.batch_size,
+            per_device_eval_batch_size=128,          # the kit's eval_batch_size
+            num_train_epochs=args.epochs, learning_rate=args.lr, weight_decay=0.01,
+            warmup_steps=0.1,                        # 5.x: a float < 1 is a ratio (no warmup_ratio)
+            lr_scheduler_type="linear", max_grad_norm=1.0, seed=args.seed,
+            train_sampling_strategy="group_by_length" if grouped else "random",
+            save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
+            disable_tqdm=True, use_cpu=not cuda, dataloader_num_workers=0,
+            bf16=bf16, fp16=cuda and not bf16, tf32=True if cuda else None)
+        trainer = Trainer(model=model, args=targs, train_dataset=train,
+                          data_collator=DataCollatorWithPadding(tokenizer),
+                          processing_class=tokenizer)
+        t0 = time.perf_counter()
+        trainer.train()
+        train_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        results = {}
+        for name, split in dev.items():
+            logits = trainer.predict(split).predictions
+            logits = logits[0] if isinstance(logits, tuple) else logits
+            results[name] = (np.asarray(logits).argmax(-1), data.dev[name].labels)
+        eval_s = time.perf_counter() - t0
+    metric = reported_metrics(task)[0]
+    return {"train_s": round(train_s, 3), "train_examples": len(train) * args.epochs,
+            "eval_s": round(eval_s, 3), "metric": metric,
+            "dev_metric": evaluate_splits(task, results)[metric],
+            "device": str(trainer.args.device), "precision": "bf16" if bf16 else
+            "fp16" if cuda else "no", "optimizer": str(targs.optim)}
+
+
+# ----------------------------------------------------------------------------- padding
+
+BATCHING = {"kit": "kit length-grouped", "kit-random": "random",
+            "trainer": "random", "trainer-grouped": "Trainer LengthGroupedSampler"}
+
+
+def padding_shares(args) -> dict:
+    """Real tokens / padded tokens over all training batches of the run, per batching. The kit's
+    batches are the exact ones fit() draws (same generator seeds); Trainer's are drawn with its
+    own sampler classes from an equally seeded generator."""
+    import numpy as np
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    from kit.data import encode, length_grouped_batches, load_task_data, random_batches
+    from kit.models import load_tokenizer
+
+    data = load_task_data(common.kit_config(args, "unused"))
+    lengths = encode(load_tokenizer(args.model), data.train, args.max_length,
+                     data.task.regression).lengths
+    n, bs = len(lengths), args.batch_size
+
+    def chunks(order):
+        return [order[i:i + bs] for i in range(0, n, bs)]
+
+    draws = {"random": [], "kit length-grouped": [], "Trainer LengthGroupedSampler": []}
+    for epoch in range(args.epochs):
+        rng = np.random.default_rng([args.seed, epoch])        # what fit() seeds per epoch
+        draws["kit length-grouped"] += length_grouped_batches(lengths, bs, rng)
+        draws["random"] += random_batches(n, bs, np.random.default_rng([args.seed, epoch]))
+        gen = torch.Generator().manual_seed(args.seed + epoch)
+        sampler = LengthGroupedSampler(bs, lengths=lengths.tolist(), generator=gen)
+        draws["Trainer LengthGroupedSampler"] += chunks(list(sampler))
+    share = {}
+    for name, batches in draws.items():
+        real = sum(int(lengths[b].sum()) for b in batches)
+        padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+        share[name] = round(real / padded, 4)
+    share["mean_length"] = round(float(lengths.mean()), 1)
+    share["train_rows"] = n
+    return share
+
+
+# ----------------------------------------------------------------------------- report
+
+def report(args, results: dict, padding: dict) -> None:
+    rows = []
+    for name, r in results.items():
+        r["examples_per_s"] = round(r["train_examples"] / r["train_s"], 2)
+        r["epoch_s"] = round(r["train_s"] / args.epochs, 3)
+        rows.append([name, r["examples_per_s"], r["epoch_s"], r["eval_s"],
+                     common.memory_mb(r), r["real_token_share"],
+                     r["dev_metric"], r["process_wall_s"]])
+    memory = "peak GPU MB" if any("peak_gpu_mb" in r for r in results.values()) else "peak RSS MB"
+    metric = next(iter(results.values()))["metric"]
+    print(f"\n{args.task}: {padding['train_rows']} train rows (mean {padding['mean_length']} "
+          f"tokens), {args.epochs} epoch(s), batch {args.batch_size}, max length "
+          f"{args.max_length}, lr {args.lr}, seed {args.seed}, model {args.model}\n")
+    print(common.markdown_table(
+        ["contender", "train ex/s", "s/epoch", "eval s", memory, "real-token share",
+         f"dev {metric}", "process s"], rows))
+    print("\nreal-token share per batching: " + ", ".join(
+        f"{k} {v:.1%}" for k, v in padding.items() if k not in ("mean_length", "train_rows")))
+    pairs = [("kit", "trainer"), ("kit", "trainer-grouped"), ("kit-random", "trainer")]
+    lines = []
+    for a, b in pairs:
+        if a in results and b in results:
+            ra, rb = results[a], results[b]
+            speed = common.ratio(ra["examples_per_s"], rb["examples_per_s"])
+            epoch = common.ratio(ra["epoch_s"], rb["epoch_s"])
+            memory = common.ratio(common.memory_mb(ra), common.memory_mb(rb))
+            lines.append(f"- {a} / {b}: throughput x{speed}, epoch time x{epoch}, "
+                         f"peak memory x{memory}")
+    if lines:
+        print("\nratios first / second (throughput above 1: the first is faster; epoch time and "
+              "memory above 1: the first is slower / bigger):\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""What the notebooks show: small tables and matplotlib figures built from a run's outputs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+
+def epoch_table(metrics: dict) -> pd.DataFrame:
+    """Dev metrics per epoch (plus SSA label statistics where there are any)."""
+    rows = [{"epoch": e["epoch"], **e["dev"], "three_subset_mean": e["three_subset"]["mean"],
+             "three_subset_std": e["three_subset"]["std"], "train_loss": e["train_loss"],
+             "wall_s": e["wall_s"]} for e in metrics.get("epochs", [])]
+    table = pd.DataFrame(rows)
+    stats = pd.DataFrame(metrics.get("ssa_labels") or [])
+    if len(stats) and "flip_rate" in stats:
+        keep = ["epoch", "kept", "variants", "flip_rate", "share_label1",
+                "cue_share_label1", "distractor_share_label1"]
+        table = table.merge(stats[[c for c in keep if c in stats]], on="epoch", how="left")
+    return table.set_index("epoch")
+
+
+def plot_loss(run_dir: str | Path, ax=None):
+    """Training loss terms against steps, from history.csv."""
+    import matplotlib.pyplot as plt
+    history = pd.read_csv(Path(run_dir) / "history.csv")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    for column in [c for c in history.columns if c.startswith("loss")]:
+        ax.plot(history["step"], history[column], label=column)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend()
+    return ax

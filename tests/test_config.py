@@ -1,0 +1,234 @@
+"""Tests of kit.config: validation of every knob, type coercion and the stable run id."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kit.config import METHODS, ConfigError, RunConfig
+
+
+def test_defaults_are_valid():
+    cfg = RunConfig()
+    assert cfg == RunConfig.from_dict({})
+    assert cfg.method in METHODS
+    assert not cfg.uses_ssa
+    assert RunConfig(method="ssa-co").uses_ssa and RunConfig(method="ssa-h").uses_ssa
+    assert not RunConfig(method="bert-mask").uses_ssa
+    # every float field really holds a float
+    for f in dataclasses.fields(RunConfig):
+        if f.type in ("float", float):
+            assert type(getattr(cfg, f.name)) is float, f.name
+
+
+def test_to_dict_round_trips():
+    cfg = RunConfig.from_dict({"task": "RTE", "method": "ssa-h", "beta": 0.25,
+                               "csv_text_columns": ["a"]})
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# --------------------------------------------------------------------------- unknown names
+
+@pytest.mark.parametrize("typo, meant", [("learning_rat", None), ("lr_", "lr"), ("alpah", "alpha"),
+                                         ("mask_ration", "mask_ratio"), ("epoch", "epochs")])
+def test_unknown_parameter_gives_did_you_mean(typo, meant):
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict({typo: 1})
+    msg = str(info.value)
+    assert repr(typo) in msg and "unknown parameter" in msg
+    if meant is not None:
+        assert f"did you mean {meant!r}" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_parameter_without_close_match_has_no_hint():
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict({"zzzzqqqq": 1})
+    assert "did you mean" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- types
+
+def test_string_float_names_parameter_and_yaml_hint():
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict({"lr": "1e-5"})
+    msg = str(info.value)
+    assert "'lr'" in msg and "float" in msg and "'1e-5'" in msg
+    assert "YAML" in msg and "1.0e-5" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("name", ["epochs", "batch_size", "seed", "max_length", "grad_accum"])
+def test_bool_is_not_an_int(name):
+    with pytest.raises(ConfigError, match=repr(name)):
+        RunConfig.from_dict({name: True})
+
+
+@pytest.mark.parametrize("name", ["lr", "alpha", "beta", "gamma"])
+def test_bool_is_not_a_float(name):
+    with pytest.raises(ConfigError, match=repr(name)):
+        RunConfig.from_dict({name: False})
+
+
+@pytest.mark.parametrize("name, value", [("epochs", 2.0), ("batch_size", "32"), ("seed", 1.5),
+                                         ("task", 3), ("share_weight", 1),
+                                         ("csv_text_columns", "text"),
+                                         ("csv_text_columns", [1, 2])])
+def test_wrong_types_rejected(name, value):
+    with pytest.raises(ConfigError, match=repr(name)) as info:
+        RunConfig.from_dict({name: value})
+    assert "YAML" not in str(info.value)   # the YAML hint is only for strings given for floats
+
+
+@pytest.mark.parametrize("name, value", [("lr", 1), ("alpha", 1), ("beta", 0), ("gamma", 2),
+                                         ("weight_decay", 0), ("max_grad_norm", 5)])
+def test_ints_accepted_for_floats_and_stored_as_float(name, value):
+    cfg = RunConfig.from_dict({name: value})
+    got = getattr(cfg, name)
+    assert type(got) is float and got == value
+
+
+def test_lists_become_tuples_for_csv_text_columns():
+    cfg = RunConfig.from_dict({"task": "csv", "csv_path": "x.csv", "csv_text_columns": ["a", "b"],
+                               "csv_target": "y"})
+    assert cfg.csv_text_columns == ("a", "b")
+    assert isinstance(cfg.csv_text_columns, tuple)
+    hash(cfg)   # frozen and hashable only if no list slipped through
+
+
+# --------------------------------------------------------------------------- ranges and choices
+
+@pytest.mark.parametrize("name, value", [
+    ("gamma", -0.1), ("gamma", float("inf")), ("alpha", -0.01), ("alpha", 1.01), ("beta", -1.0),
+    ("beta", 1.5), ("mask_ratio", 0), ("mask_ratio", 0.0), ("mask_ratio", 1.0001),
+    ("epochs", 0), ("epochs", -3), ("lr", 0.0), ("lr", -1e-5), ("lr", float("nan")),
+    ("alpha", float("nan")), ("batch_size", 0), ("grad_accum", 0), ("warmup_ratio", 1.0),
+    ("max_length", 4), ("max_length", 5000), ("layer_decay", 0.0), ("aug_threshold", 0.0),
+    ("synthetic_size", 7), ("max_train_examples", -1), ("attention_threshold", 1.5),
+])
+def test_out_of_range_rejected(name, value):
+    with pytest.raises(ConfigError, match=repr(name)) as info:
+        RunConfig.from_dict({name: value})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("gamma", 0), ("gamma", 3.5), ("alpha", 0), ("alpha", 1), ("beta", 0.0), ("beta", 1.0),
+    ("mask_ratio", 1.0), ("mask_ratio", 1e-3), ("epochs", 1), ("max_length", 8),
+    ("max_length", 4096), ("layer_decay", 1.0), ("warmup_ratio", 0.0),
+])
+def test_boundaries_accepted(name, value):
+    assert getattr(RunConfig.from_dict({name: value}), name) == value
+
+
+def test_range_property_over_random_values():
+    rng = np.random.default_rng(0)
+    for value in rng.uniform(-2, 3, size=60):
+        value = float(value)
+        for name in ("alpha", "beta"):
+            if 0 <= value <= 1:
+                assert getattr(RunConfig.from_dict({name: value}), name) == value
+            else:
+                with pytest.raises(ConfigError):
+                    RunConfig.from_dict({name: value})
+        if 0 < value <= 1:
+            RunConfig.from_dict({"mask_ratio": value})
+        else:
+            with pytest.raises(ConfigError):
+                RunConfig.from_dict({"mask_ratio": value})
+        if value >= 0:
+            RunConfig.from_dict({"gamma": value})
+        else:
+            with pytest.raises(ConfigError):
+                RunConfig.from_dict({"gamma": value})
+
+
+@pytest.mark.parametrize("name, good, bad", [
+    ("method", ["bert", "bert-mask", "ssa-co", "ssa-h"], ["ssa", "BERT", "ssa_h", ""]),
+    ("label_rule", ["paper", "code"], ["Paper", "released"]),
+    ("mask_scheme", ["ratio", "spans"], ["span", "random"]),
+    ("hybrid_weighting", ["paper", "code"], ["softmax", ""]),
+    ("label_merge", ["union", "variant"], ["variants", "both"]),
+    ("guide_loss", ["task", "task+pd", "task+ad", "task+both"], ["pd", "task+pd+ad"]),
+    ("guide_reduction", ["query", "key"], ["value"]),
+    ("mixed_precision", ["auto", "no", "bf16", "fp16"], ["fp32", "yes"]),
+])
+def test_choices(name, good, bad):
+    for value in good:
+        assert getattr(RunConfig.from_dict({name: value}), name) == value
+    for value in bad:
+        with pytest.raises(ConfigError) as info:
+            RunConfig.from_dict({name: value})
+        msg = str(info.value)
+        assert repr(name) in msg and repr(value) in msg
+        assert all(choice in msg for choice in good)   # the message lists the allowed values
+
+
+@pytest.mark.parametrize("missing", ["csv_path", "csv_text_columns", "csv_target"])
+def test_csv_task_needs_path_columns_and_target(missing):
+    params = {"task": "csv", "csv_path": "data.csv", "csv_text_columns": ["text"],
+              "csv_target": "y"}
+    RunConfig.from_dict(params)           # complete: fine
+    params.pop(missing)
+    with pytest.raises(ConfigError, match="csv"):
+        RunConfig.from_dict(params)
+    with pytest.raises(ConfigError, match="csv_path"):
+        RunConfig.from_dict({**params, "task": "CSV", missing: "" if missing != "csv_text_columns"
+                             else []})
+
+
+def test_empty_task_and_model_rejected():
+    with pytest.raises(ConfigError, match="task"):
+        RunConfig.from_dict({"task": ""})
+    with pytest.raises(ConfigError, match="model"):
+        RunConfig.from_dict({"model": ""})
+
+
+# --------------------------------------------------------------------------- run id
+
+def test_run_id_is_stable_and_readable():
+    a = RunConfig.from_dict({"task": "SST-2", "method": "ssa-h", "seed": 3, "lr": 3e-5})
+    b = RunConfig.from_dict({"seed": 3, "lr": 3e-5, "method": "ssa-h", "task": "SST-2"})
+    assert a.run_id == b.run_id == a.run_id
+    assert a.run_id.startswith("SST-2-ssa-h-s3-")
+    assert RunConfig(task="nyu/x").run_id.startswith("nyu_x-")
+    assert "/" not in RunConfig(task="nyu/x").run_id
+
+
+def test_run_id_known_value():
+    """A hash of the identity fields must not drift between processes or versions silently."""
+    import hashlib
+    import json
+    cfg = RunConfig()
+    identity = {k: v for k, v in cfg.to_dict().items() if k not in RunConfig._NOT_IDENTITY}
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+    assert cfg.run_id == f"synthetic-bert-s0-{digest}"
+
+
+@pytest.mark.parametrize("change", [{"lr": 3e-5}, {"alpha": 0.5}, {"beta": 0.4}, {"seed": 1},
+                                    {"model": "tiny"}, {"max_length": 64}, {"gamma": 2},
+                                    {"method": "ssa-co"}, {"epochs": 4}, {"label_rule": "code"},
+                                    {"max_train_examples": 100}, {"share_weight": False}])
+def test_run_id_changes_with_identity_fields(change):
+    assert RunConfig.from_dict(change).run_id != RunConfig().run_id
+
+
+@pytest.mark.parametrize("change", [{"outputs_dir": "/elsewhere"}, {"profile": "smoke"},
+                                    {"glue_dir": "/data/glue"}, {"log_every": 99},
+                                    {"save_checkpoints": False}, {"eval_batch_size": 7}])
+def test_run_id_ignores_non_identity_fields(change):
+    assert RunConfig.from_dict(change).run_id == RunConfig().run_id
+
+
+def test_int_and_float_give_the_same_run_id():
+    assert RunConfig.from_dict({"gamma": 2}).run_id == RunConfig.from_dict({"gamma": 2.0}).run_id
+
+
+def test_from_namespace_ignores_junk():
+    namespace = {"task": "RTE", "lr": 1e-5, "method": "ssa-co", "np": np, "__name__": "__main__",
+                 "In": [], "_": None, "helper": lambda x: x, "result": {"a": 1}}
+    cfg = RunConfig.from_namespace(namespace)
+    assert (cfg.task, cfg.lr, cfg.method) == ("RTE", 1e-5, "ssa-co")
+    assert cfg.epochs == RunConfig().epochs
+    # but a bad value among the picked fields still fails
+    with pytest.raises(ConfigError, match="'lr'"):
+        RunConfig.from_namespace({**namespace, "lr": "1e-5"})

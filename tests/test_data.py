@@ -1,0 +1,360 @@
+"""Tests of kit.data: tokenization, word -> word-piece importance, collation, batching, loading."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kit import data, synthetic
+from kit.config import RunConfig
+from kit.data import (IGNORE, Examples, collate, encode, length_grouped_batches, load_task_data,
+                      random_batches, sorted_batches)
+from kit.models import load_tokenizer
+from kit.readers import DataError, read_glue_split
+from kit.tasks import Split, get_task
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("minilm")
+
+
+def make_split(a, b=None, labels=None, importance=None):
+    return Split(text_a=list(a), text_b=None if b is None else list(b),
+                 labels=None if labels is None else np.asarray(labels),
+                 ids=[str(i) for i in range(len(a))], source="test", importance=importance)
+
+
+SINGLE = ["a good movie", "the plot was thin and the actors were bored", "wow"]
+PAIR_B = ["it is fine", "nothing", "a very long second sentence with many words in it"]
+
+
+# --------------------------------------------------------------------------- encode
+
+def test_encode_single(tok):
+    ex = encode(tok, make_split(SINGLE, labels=[1, 0, 1]), 128, regression=False)
+    assert len(ex) == 3 and ex.labels.dtype == np.int64
+    np.testing.assert_array_equal(ex.labels, [1, 0, 1])
+    for ids, special, text in zip(ex.input_ids, ex.special, SINGLE):
+        assert ids.dtype == np.int64 and special.dtype == bool and len(ids) == len(special)
+        assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+        np.testing.assert_array_equal(special, np.isin(ids, [tok.cls_token_id, tok.sep_token_id]))
+        assert special.sum() == 2
+        assert tok.decode(ids[~special]) == text
+    np.testing.assert_array_equal(ex.lengths, [len(x) for x in ex.input_ids])
+    assert ex.ssa_labels is None and ex.importance is None
+
+
+def test_encode_pair_has_token_types(tok):
+    ex = encode(tok, make_split(SINGLE, PAIR_B, labels=[0, 1, 1]), 128, regression=False)
+    assert ex.token_type_ids is not None
+    for ids, types, special, a, b in zip(ex.input_ids, ex.token_type_ids, ex.special, SINGLE,
+                                         PAIR_B):
+        seps = np.flatnonzero(ids == tok.sep_token_id)
+        assert len(seps) == 2 and seps[1] == len(ids) - 1
+        assert special.sum() == 3 and special[0] and special[seps].all()
+        np.testing.assert_array_equal(types[: seps[0] + 1], 0)
+        np.testing.assert_array_equal(types[seps[0] + 1:], 1)
+        assert tok.decode(ids[1:seps[0]]) == a and tok.decode(ids[seps[0] + 1:-1]) == b
+
+
+def test_encode_regression_and_unlabelled(tok):
+    ex = encode(tok, make_split(SINGLE, labels=[0.5, 4.25, 1.0]), 128, regression=True)
+    assert ex.labels.dtype == np.float32
+    np.testing.assert_allclose(ex.labels, [0.5, 4.25, 1.0])
+    ex = encode(tok, make_split(SINGLE), 128, regression=False)
+    assert ex.labels.dtype == np.int64 and (ex.labels == 0).all()
+    ex = encode(tok, make_split(SINGLE), 128, regression=True)
+    assert ex.labels.dtype == np.float32 and len(ex.labels) == 3
+
+
+@pytest.mark.parametrize("max_length", [8, 12, 20])
+def test_encode_truncates(tok, max_length):
+    long_a = " ".join(["movie"] * 40)
+    long_b = " ".join(["river"] * 30)
+    single = encode(tok, make_split([long_a, "short"]), max_length, False)
+    assert len(single.input_ids[0]) == max_length and single.input_ids[0][-1] == tok.sep_token_id
+    assert len(single.input_ids[1]) == 3
+    pair = encode(tok, make_split([long_a, "short"], [long_b, long_b]), max_length, False)
+    for ids, types, special in zip(pair.input_ids, pair.token_type_ids, pair.special):
+        assert len(ids) == max_length and len(types) == max_length
+        assert special.sum() == 3 and ids[-1] == tok.sep_token_id
+        assert (types == 1).any() and (types == 0).any()   # both sides survive truncation
+    # longest-first: the long pair gets (nearly) equal shares
+    ids0 = pair.input_ids[0]
+    n_a, n_b = (ids0 == tok.convert_tokens_to_ids("movie")).sum(), (ids0 == tok.convert_tokens_to_ids("river")).sum()
+    assert abs(int(n_a) - int(n_b)) <= 1
+
+
+# --------------------------------------------------------------------------- importance
+
+def test_token_importance_single_synthetic(tok):
+    split = synthetic.generate(False, 200, "train")
+    ex = encode(tok, split, 128, False)
+    assert ex.importance is not None and len(ex.importance) == len(split)
+    cues = set(synthetic.POSITIVE) | set(synthetic.NEGATIVE) | set(synthetic.NEGATIONS)
+    for ids, imp, special, word_imp in zip(ex.input_ids, ex.importance, ex.special,
+                                            split.importance):
+        assert len(imp) == len(ids) and set(np.unique(imp)) <= {0, 1}
+        assert (imp[special] == 0).all()
+        tokens = tok.convert_ids_to_tokens(ids.tolist())
+        flagged = [t for t, i in zip(tokens, imp) if i]
+        assert flagged and all(t in cues for t in flagged)
+        assert all(t not in cues for t, i in zip(tokens, imp) if not i)
+        assert imp.sum() == sum(word_imp)          # whole words: one piece per word
+
+
+def test_token_importance_pair_synthetic(tok):
+    split = synthetic.generate(True, 200, "dev")
+    ex = encode(tok, split, 128, False)
+    for ids, types, imp, special in zip(ex.input_ids, ex.token_type_ids, ex.importance,
+                                        ex.special):
+        assert (imp[special] == 0).all()
+        tokens = tok.convert_ids_to_tokens(ids.tolist())
+        assert [t for t, i in zip(tokens, imp) if i] == [t for t in tokens
+                                                          if t in synthetic.COLOURS]
+        assert imp.sum() == 2
+        assert sorted(types[imp == 1].tolist()) == [0, 1]   # one colour on each side
+
+
+def test_token_importance_spreads_over_word_pieces(tok):
+    """A multi-piece word flags all its pieces; text_b word indices follow text_a's."""
+    word = "unbelievability"
+    assert len(tok.tokenize(word)) > 1
+    split = make_split(["the " + word + " here"], ["some " + word],
+                       labels=[1], importance=[[0, 1, 0, 0, 1]])
+    ex = encode(tok, split, 64, False)
+    tokens = tok.convert_ids_to_tokens(ex.input_ids[0].tolist())
+    pieces = tok.tokenize(word)
+    want = ([0, 0] + [1] * len(pieces) + [0, 0]        # [CLS] the <word> here [SEP]
+            + [0] + [1] * len(pieces) + [0])           # some <word> [SEP]
+    assert len(tokens) == len(want)
+    np.testing.assert_array_equal(ex.importance[0], want)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_token_importance_under_truncation(tok, pair):
+    split = synthetic.generate(pair, 100, "train")
+    ex = encode(tok, split, 8, False)
+    for ids, imp, special in zip(ex.input_ids, ex.importance, ex.special):
+        assert len(ids) <= 8 and len(imp) == len(ids) and (imp[special] == 0).all()
+
+
+# --------------------------------------------------------------------------- collate
+
+def test_collate_pads_to_longest(tok):
+    ex = encode(tok, make_split(SINGLE, PAIR_B, labels=[0, 1, 1]), 128, False)
+    ssa = [np.where(s, IGNORE, np.arange(len(s)) % 2) for s in ex.special]
+    ex = ex.with_ssa_labels(ssa)
+    pad = 7777
+    for idx in ([2, 0, 1], [1], [0, 2]):
+        batch = collate(ex, idx, pad)
+        width = max(len(ex.input_ids[i]) for i in idx)
+        assert batch["input_ids"].shape == (len(idx), width)
+        for name in ("attention_mask", "special_mask", "token_type_ids", "ssa_labels"):
+            assert batch[name].shape == (len(idx), width), name
+        assert batch["special_mask"].dtype == torch.bool
+        assert torch.equal(batch["rows"], torch.tensor(idx))
+        assert torch.equal(batch["labels"], torch.from_numpy(ex.labels[idx]))
+        for j, i in enumerate(idx):
+            n = len(ex.input_ids[i])
+            assert batch["input_ids"][j, :n].tolist() == ex.input_ids[i].tolist()
+            assert (batch["input_ids"][j, n:] == pad).all()
+            assert (batch["attention_mask"][j, :n] == 1).all()
+            assert (batch["attention_mask"][j, n:] == 0).all()
+            assert batch["special_mask"][j, :n].tolist() == ex.special[i].tolist()
+            assert batch["special_mask"][j, n:].all()
+            assert batch["token_type_ids"][j, :n].tolist() == ex.token_type_ids[i].tolist()
+            assert (batch["token_type_ids"][j, n:] == 0).all()
+            assert batch["ssa_labels"][j, :n].tolist() == ssa[i].tolist()
+            assert (batch["ssa_labels"][j, n:] == IGNORE).all()
+
+
+def test_collate_without_optional_fields():
+    ex = Examples([np.array([1, 5, 2]), np.array([1, 2])], None,
+                  [np.array([1, 0, 1], bool), np.array([1, 1], bool)], np.array([0.5, 1.5], np.float32))
+    batch = collate(ex, [1, 0], 0)
+    assert "token_type_ids" not in batch and "ssa_labels" not in batch
+    assert batch["input_ids"].tolist() == [[1, 2, 0], [1, 5, 2]]
+    assert batch["labels"].dtype == torch.float32
+
+
+def test_make_loader_yields_collated_batches(tok):
+    ex = encode(tok, make_split(SINGLE * 3, labels=[0, 1, 0] * 3), 32, False)
+    batches = [[0, 4], [8, 1, 2], [3, 5, 6, 7]]
+    got = list(data.make_loader(ex, batches, tok.pad_token_id))
+    assert [b["rows"].tolist() for b in got] == batches
+    for b, idx in zip(got, batches):
+        ref = collate(ex, idx, tok.pad_token_id)
+        assert all(torch.equal(b[k], ref[k]) for k in ref)
+
+
+# --------------------------------------------------------------------------- batching
+
+def check_partition(batches, n, batch_size):
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(n))
+    assert all(1 <= len(b) <= batch_size for b in batches)
+
+
+def test_length_grouped_batches_property():
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        n = int(rng.integers(1, 700))
+        batch_size = int(rng.integers(1, 40))
+        megabatch = int(rng.integers(1, 8))
+        lengths = rng.integers(3, 128, size=n)
+        seed = int(rng.integers(1000))
+        a = length_grouped_batches(lengths, batch_size, np.random.default_rng(seed), megabatch)
+        b = length_grouped_batches(lengths, batch_size, np.random.default_rng(seed), megabatch)
+        assert a == b
+        check_partition(a, n, batch_size)
+        # only the last batch of each mega-batch may be short
+        n_chunks = -(-n // (batch_size * megabatch))
+        assert sum(len(x) < batch_size for x in a) <= n_chunks
+        # inside a batch lengths are sorted longest first
+        assert all((np.diff(lengths[x]) <= 0).all() for x in a)
+    lengths = np.arange(500) % 97
+    one = length_grouped_batches(lengths, 8, np.random.default_rng(1))
+    two = length_grouped_batches(lengths, 8, np.random.default_rng(2))
+    assert one != two
+
+
+def test_random_and_sorted_batches_partition():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n, batch_size = int(rng.integers(1, 300)), int(rng.integers(1, 33))
+        lengths = rng.integers(1, 60, size=n)
+        check_partition(random_batches(n, batch_size, np.random.default_rng(0)), n, batch_size)
+        assert random_batches(n, batch_size, np.random.default_rng(5)) == \
+            random_batches(n, batch_size, np.random.default_rng(5))
+        s = sorted_batches(lengths, batch_size)
+        check_partition(s, n, batch_size)
+        flat = lengths[[i for b in s for i in b]]
+        assert (np.diff(flat) <= 0).all()                 # longest first, across batches too
+        assert lengths[s[0][0]] == lengths.max()
+        assert all(len(b) == batch_size for b in s[:-1])
+
+
+def padding_efficiency(lengths, batches):
+    return lengths.sum() / sum(len(b) * lengths[b].max() for b in batches)
+
+
+def test_length_grouping_removes_padding_on_sst2(tok, glue_dir):
+    train = read_glue_split(get_task("SST-2"), "train", glue_dir)
+    pick = np.sort(np.random.default_rng(0).choice(len(train), 3000, replace=False))
+    lengths = encode(tok, train.subset(pick), 128, False).lengths
+    assert lengths.max() > 3 * np.median(lengths)        # a skewed real length distribution
+    for seed in range(3):
+        grouped = padding_efficiency(lengths, length_grouped_batches(
+            lengths, 32, np.random.default_rng(seed)))
+        shuffled = padding_efficiency(lengths, random_batches(len(lengths), 32,
+                                                              np.random.default_rng(seed)))
+        assert grouped > 0.9, grouped
+        assert shuffled < 0.6 and grouped > shuffled + 0.3, (grouped, shuffled)
+    assert padding_efficiency(lengths, sorted_batches(lengths, 32)) > 0.95
+
+
+# --------------------------------------------------------------------------- Examples
+
+def make_examples(n, seed, with_ssa):
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(100, 200, size=int(rng.integers(3, 9))) for _ in range(n)]
+    special = [np.r_[True, np.zeros(len(x) - 2, bool), True] for x in ids]
+    ssa = [rng.integers(0, 2, size=len(x)) for x in ids] if with_ssa else None
+    return Examples(ids, [np.zeros(len(x), np.int64) for x in ids], special,
+                    rng.integers(0, 3, size=n), ssa_labels=ssa)
+
+
+def test_examples_subset():
+    ex = make_examples(10, 0, True)
+    idx = [7, 2, 2, 9]
+    sub = ex.subset(idx)
+    assert len(sub) == 4
+    np.testing.assert_array_equal(sub.labels, ex.labels[idx])
+    for j, i in enumerate(idx):
+        assert sub.input_ids[j] is ex.input_ids[i] and sub.ssa_labels[j] is ex.ssa_labels[i]
+        assert sub.special[j] is ex.special[i] and sub.token_type_ids[j] is ex.token_type_ids[i]
+    np.testing.assert_array_equal(sub.lengths, ex.lengths[idx])
+    assert sub.importance is None
+
+
+def test_examples_concat_fills_missing_ssa_labels():
+    a, b = make_examples(4, 1, True), make_examples(3, 2, False)
+    both = Examples.concat([a, b])
+    assert len(both) == 7
+    np.testing.assert_array_equal(both.labels, np.r_[a.labels, b.labels])
+    np.testing.assert_array_equal(both.lengths, np.r_[a.lengths, b.lengths])
+    for i in range(4):
+        np.testing.assert_array_equal(both.ssa_labels[i], a.ssa_labels[i])
+    for i in range(3):
+        got = both.ssa_labels[4 + i]
+        assert len(got) == len(b.input_ids[i]) and (got == IGNORE).all()
+    assert len(both.token_type_ids) == 7 and len(both.special) == 7
+    assert both.importance is None
+    assert Examples.concat([b, b]).ssa_labels is None
+    # order matters: labelled part second
+    flipped = Examples.concat([b, a])
+    assert (flipped.ssa_labels[0] == IGNORE).all()
+    np.testing.assert_array_equal(flipped.ssa_labels[3], a.ssa_labels[0])
+
+
+# --------------------------------------------------------------------------- loading
+
+def test_cap_is_the_same_subset_for_every_seed():
+    train = synthetic.generate(False, 300, "train")
+    picks = [data._cap(train, RunConfig(seed=s, max_train_examples=40)).ids for s in range(5)]
+    assert all(p == picks[0] for p in picks) and len(picks[0]) == 40
+    assert picks[0] == sorted(picks[0], key=int)        # kept in file order
+    assert picks[0] != [str(i) for i in range(40)]      # but not simply the first rows
+    assert data._cap(train, RunConfig(max_train_examples=0)) is train
+    assert data._cap(train, RunConfig(max_train_examples=300)) is train
+    assert data._cap(train, RunConfig(max_train_examples=5000)) is train
+    capped = data._cap(train, RunConfig(max_train_examples=40))
+    for i, row in enumerate(int(x) for x in capped.ids):
+        assert capped.text_a[i] == train.text_a[row]
+        assert capped.importance[i] == train.importance[row]
+        assert capped.labels[i] == train.labels[row]
+
+
+@pytest.mark.parametrize("task, size", [("synthetic", 200), ("synthetic-pair", 40), ("synthetic", 8)])
+def test_load_synthetic(task, size):
+    td = load_task_data(RunConfig(task=task, synthetic_size=size))
+    assert td.task.name == task and td.task.kind == "synthetic"
+    assert len(td.train) == size and list(td.dev) == ["dev"] and td.test == {}
+    assert len(td.dev["dev"]) == max(size // 4, 8)
+    assert (td.train.text_b is not None) == (task == "synthetic-pair")
+    assert td.train.importance is not None and td.dev["dev"].importance is not None
+    capped = load_task_data(RunConfig(task=task, synthetic_size=size, max_train_examples=6))
+    assert len(capped.train) == 6 and len(capped.dev["dev"]) == len(td.dev["dev"])
+
+
+def test_load_rte_from_glue_dir(glue_dir):
+    td = load_task_data(RunConfig(task="rte", glue_dir=str(glue_dir)))
+    assert td.task.name == "RTE" and td.task.is_pair
+    assert len(td.train) == 2490 and list(td.dev) == ["dev"] and len(td.dev["dev"]) == 277
+    assert td.test == {}
+    assert td.train.text_b is not None and set(np.unique(td.train.labels)) == {0, 1}
+    capped = load_task_data(RunConfig(task="RTE", glue_dir=str(glue_dir), max_train_examples=100,
+                                      predict_test=True))
+    assert len(capped.train) == 100 and list(capped.test) == ["test"]
+    assert capped.test["test"].labels is None and len(capped.test["test"]) == 3000
+
+
+def test_missing_glue_folder_names_the_path(tmp_path):
+    missing = tmp_path / "no_glue_here"
+    with pytest.raises(DataError) as info:
+        load_task_data(RunConfig(task="RTE", glue_dir=str(missing)))
+    assert str(missing) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(DataError) as info:          # folder exists, task subfolder does not
+        load_task_data(RunConfig(task="RTE", glue_dir=str(tmp_path)))
+    assert str(tmp_path / "RTE") in str(info.value)
+
+
+def test_glue_source(monkeypatch, tmp_path):
+    monkeypatch.delenv("GLUE_DIR", raising=False)
+    assert data.glue_source("") == "hub" and data.glue_source("hub") == "hub"
+    assert data.glue_source(str(tmp_path)) == Path(tmp_path)
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    assert data.glue_source("") == Path(tmp_path)
+    assert data.glue_source("hub") == "hub"

@@ -1,0 +1,202 @@
+"""SSA masking and labelling: property tests over random rows, and both label rules on
+hand-made predictions (a fake model whose prediction flips exactly when a chosen token is masked)."""
+import numpy as np
+import pytest
+
+from kit.config import RunConfig
+from kit.data import IGNORE, Examples
+from kit.ssa import (build_epoch, code_share, draw_masks, masked_copies, ratio_masks, real_tokens,
+                     span_masks, variant_counts)
+
+MASK, CLS, SEP, CUE = 103, 101, 102, 7
+
+
+def make_examples(n: int, rng: np.random.Generator, pair: bool = False, cue_every: int = 0) -> Examples:
+    """Rows like [CLS] a.. [SEP] (b.. [SEP]) with random lengths; optionally a CUE token."""
+    ids, special = [], []
+    for i in range(n):
+        a = list(rng.integers(1000, 2000, size=rng.integers(3, 12)))
+        if cue_every and i % cue_every == 0:
+            a[rng.integers(len(a))] = CUE
+        row = [CLS, *a, SEP]
+        if pair:
+            row += [*rng.integers(1000, 2000, size=rng.integers(2, 8)), SEP]
+        ids.append(np.array(row))
+        special.append(np.isin(np.array(row), [CLS, SEP]))
+    return Examples(ids, None, special, np.zeros(n, dtype=np.int64))
+
+
+@pytest.mark.parametrize("ratio", [0.15, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("pair", [False, True])
+def test_ratio_masks_count_and_never_special(ratio, pair):
+    rng = np.random.default_rng(0)
+    ex = make_examples(200, rng, pair=pair)
+    real = real_tokens(ex)
+    masks = ratio_masks(real, ratio, rng)
+    n_real = real.sum(1)
+    assert (masks.sum(1) == np.maximum(1, np.floor(ratio * n_real + 0.5))).all()
+    assert not (masks & ~real).any()          # never [CLS]/[SEP]/padding
+
+
+def test_ratio_masks_reach_both_segments_of_pairs():
+    rng = np.random.default_rng(1)
+    ex = make_examples(300, rng, pair=True)
+    masks = ratio_masks(real_tokens(ex), 0.3, rng)
+    second = np.zeros_like(masks)
+    for i, s in enumerate(ex.special):
+        first_sep = np.flatnonzero(s)[1]
+        second[i, first_sep + 1: len(s)] = True
+    assert (masks & second).any(axis=1).mean() > 0.5
+
+
+def test_span_masks_only_real_tokens_and_code_like_share():
+    rng = np.random.default_rng(2)
+    ex = make_examples(2000, rng, pair=True)
+    real = real_tokens(ex)
+    masks = span_masks(real, aug_threshold=0.1, rm_threshold=0.7, rng=rng)
+    assert not (masks & ~real).any()
+    share = masks.sum() / real.sum()
+    assert 0.10 < share < 0.20                # the released code masks about 12-16%
+
+
+@pytest.mark.parametrize("scheme", ["ratio", "spans"])
+def test_masks_are_deterministic_per_seed(scheme):
+    ex = make_examples(50, np.random.default_rng(3))
+    cfg = RunConfig(mask_scheme=scheme)
+    a = draw_masks(real_tokens(ex), cfg, np.random.default_rng(9))
+    b = draw_masks(real_tokens(ex), cfg, np.random.default_rng(9))
+    c = draw_masks(real_tokens(ex), cfg, np.random.default_rng(10))
+    assert (a == b).all() and not (a == c).all()
+
+
+def test_masked_copies_use_the_given_mask_id_only():
+    ex = make_examples(20, np.random.default_rng(4))
+    masks = ratio_masks(real_tokens(ex), 0.3, np.random.default_rng(0))
+    copies = masked_copies(ex, masks, mask_id=50264)     # RoBERTa's <mask> id
+    for row, orig, m in zip(copies.input_ids, ex.input_ids, masks):
+        m = m[: len(orig)]
+        assert (row[m] == 50264).all() and (row[~m] == orig[~m]).all()
+
+
+@pytest.mark.parametrize("gamma,expected", [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0), (0.6, 0.6), (1.5, 1.5)])
+def test_gamma_accounting(gamma, expected):
+    counts = variant_counts(20000, gamma, np.random.default_rng(0))
+    assert counts.min() >= np.floor(gamma) and counts.max() <= np.ceil(gamma)
+    assert abs(counts.mean() - expected) < 0.02
+
+
+def cue_model(examples: Examples) -> np.ndarray:
+    """Predicts 1 iff the CUE token is present: masking the cue flips the prediction."""
+    return np.array([int((ids == CUE).any()) for ids in examples.input_ids])
+
+
+def labelled(ex: Examples):
+    return [(ids, lab) for ids, lab in zip(ex.input_ids, ex.ssa_labels) if (lab != IGNORE).any()]
+
+
+@pytest.mark.parametrize("merge", ["union", "variant"])
+def test_paper_rule_labels_flip_tokens_one_and_others_zero(merge):
+    rng = np.random.default_rng(5)
+    train = make_examples(300, rng, cue_every=2)
+    train.labels = cue_model(train)
+    train.labels[::7] = 1 - train.labels[::7]          # some sentences are predicted wrongly
+    cfg = RunConfig(method="ssa-co", gamma=1.0, label_merge=merge)
+    epoch_set, stats = build_epoch(train, cfg, 1, cue_model, regression=False, mask_id=MASK)
+    wrong = np.flatnonzero(cue_model(train) != train.labels)
+    assert stats["probed"] == 300 and stats["kept"] == 300 - len(wrong)
+    assert stats["variants"] == stats["kept"]            # gamma 1: one variant each
+    assert len(epoch_set) == (300 if merge == "union" else 300 + stats["variants"])
+    ones = zeros = 0
+    for ids, lab in labelled(epoch_set):
+        assert (lab[np.isin(ids, [CLS, SEP])] == IGNORE).all()
+        cue_at = ids == CUE
+        if (lab[cue_at] != IGNORE).any():                # the cue was masked: prediction flipped
+            assert (lab[lab != IGNORE] == 1).all()
+            ones += 1
+        else:                                            # masking distractors changes nothing
+            assert (lab[lab != IGNORE] == 0).all()
+            zeros += 1
+    assert ones > 10 and zeros > 50
+    if merge == "union":    # wrongly predicted sentences carry no labels
+        assert all((epoch_set.ssa_labels[i] == IGNORE).all() for i in wrong)
+
+
+def test_union_merges_several_variants_per_sentence():
+    train = make_examples(100, np.random.default_rng(6), cue_every=1)
+    train.labels = cue_model(train)
+    cfg = RunConfig(method="ssa-co", gamma=3.0, label_merge="union")
+    epoch_set, stats = build_epoch(train, cfg, 1, cue_model, False, MASK)
+    assert stats["variants"] == 300 and len(epoch_set) == 100
+    for ids, lab in zip(epoch_set.input_ids, epoch_set.ssa_labels):
+        assert lab[ids == CUE][0] in (IGNORE, 1)       # the cue is never labelled 0
+        assert ((lab != IGNORE).sum() >= min(3, (~np.isin(ids, [CLS, SEP])).sum()) * 0.3)
+
+
+def test_paper_rule_regression_tolerance():
+    train = make_examples(50, np.random.default_rng(7), cue_every=2)
+    train.labels = cue_model(train).astype(np.float32) * 2.0
+    predict = lambda ex: cue_model(ex).astype(np.float32) * 2.0 + 0.1  # noqa: E731
+    cfg = RunConfig(method="ssa-h", regression_tolerance=0.3)
+    epoch_set, stats = build_epoch(train, cfg, 1, predict, True, MASK)
+    assert stats["kept"] == 50                           # within 0.3 of the target
+    assert 0 < stats["flipped"] < stats["variants"]      # moved by 2.0 only when the cue is masked
+    tight = RunConfig(method="ssa-h", regression_tolerance=0.05)
+    assert build_epoch(train, tight, 1, predict, True, MASK)[1]["kept"] == 0
+
+
+def test_code_rule_keeps_unchanged_copies_with_code_labels_and_share_schedule():
+    rng = np.random.default_rng(8)
+    train = make_examples(400, rng, cue_every=2)
+    train.labels = cue_model(train)
+    cfg = RunConfig(method="ssa-co", label_rule="code", mask_scheme="spans", ssa_start_epoch=1)
+    assert [code_share(cfg, e) for e in range(7)] == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    epoch_set, stats = build_epoch(train, cfg, 2, cue_model, False, MASK)
+    assert len(epoch_set) == 400                         # copies replace plain examples
+    copies = [i for i, ids in enumerate(epoch_set.input_ids) if (ids == MASK).any()]
+    assert len(copies) == round(0.4 * 400)
+    for i in copies:
+        ids, lab = epoch_set.input_ids[i], epoch_set.ssa_labels[i]
+        assert (lab[ids == MASK] == 0).all()                              # masked -> 0
+        assert (lab[(ids != MASK) & ~epoch_set.special[i]] == 1).all()    # other real -> 1
+        assert (lab[epoch_set.special[i]] == IGNORE).all()
+        assert not (ids == CUE).any() or cue_model(epoch_set.subset([i]))[0] == epoch_set.labels[i]
+    plain = [i for i in range(400) if i not in copies]
+    assert all((epoch_set.ssa_labels[i][~epoch_set.special[i]] == 1).all() for i in plain)
+    first, _ = build_epoch(train, cfg, 0, cue_model, False, MASK)   # before SSA starts: all-ones
+    assert all((lab[~s] == 1).all() for lab, s in zip(first.ssa_labels, first.special))
+
+
+def test_labels_are_reproducible_per_seed_and_epoch():
+    train = make_examples(120, np.random.default_rng(9), cue_every=3)
+    train.labels = cue_model(train)
+    cfg = RunConfig(method="ssa-h", seed=3)
+    a, _ = build_epoch(train, cfg, 1, cue_model, False, MASK)
+    b, _ = build_epoch(train, cfg, 1, cue_model, False, MASK)
+    c, _ = build_epoch(train, cfg, 2, cue_model, False, MASK)
+    same = lambda x, y: all((p == q).all() for p, q in zip(x.ssa_labels, y.ssa_labels))  # noqa: E731
+    assert same(a, b) and not same(a, c)
+
+
+def test_bert_mask_adds_gamma_copies_with_original_labels():
+    train = make_examples(100, np.random.default_rng(10))
+    train.labels = np.arange(100) % 2
+    cfg = RunConfig(method="bert-mask", gamma=2.0)
+    assert build_epoch(train, cfg, 0, cue_model, False, MASK)[0] is train   # before the start epoch
+    epoch_set, stats = build_epoch(train, cfg, 1, cue_model, False, MASK)
+    assert len(epoch_set) == 300 and stats["augmented"] == 200
+    copies = epoch_set.subset(range(100, 300))
+    assert all((ids == MASK).any() for ids in copies.input_ids)
+    assert (copies.labels == np.repeat(train.labels, 2)).all()
+
+
+def test_saved_labels_replay(tmp_path):
+    train = make_examples(60, np.random.default_rng(11), cue_every=2)
+    train.labels = cue_model(train)
+    cfg = RunConfig(method="ssa-co", save_labels=True)
+    first, stats = build_epoch(train, cfg, 1, cue_model, False, MASK, run_dir=tmp_path)
+    assert (tmp_path / "ssa_labels" / "epoch1.pt").exists()
+    replay = RunConfig(method="ssa-co", reuse_labels_from=str(tmp_path))
+    never = lambda ex: (_ for _ in ()).throw(AssertionError("probed despite saved labels"))  # noqa: E731
+    again, stats2 = build_epoch(train, replay, 1, never, False, MASK)
+    assert stats2["reused"] and stats2["flipped"] == stats["flipped"]
+    assert all((p == q).all() for p, q in zip(first.ssa_labels, again.ssa_labels))

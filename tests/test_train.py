@@ -1,0 +1,117 @@
+"""fit(): learning, determinism, dropout discipline, the output contract, failure records, and a
+real-data smoke per method (embedded model, real RTE / STS-B rows)."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from kit.config import RunConfig
+from kit.train import fit, run_dir_of
+
+TINY = dict(task="synthetic", model="tiny", synthetic_size=400, epochs=2, lr=5e-3,
+            save_checkpoints=False)
+
+
+def test_tiny_model_learns_the_synthetic_task(tmp_path):
+    m = fit(RunConfig(**{**TINY, "synthetic_size": 1000, "epochs": 5}, outputs_dir=str(tmp_path)))
+    assert m["status"] == "ok"
+    assert m["best_dev"]["accuracy"] > 0.75          # chance is 0.5
+
+
+def test_same_seed_same_metrics_and_skip_finished(tmp_path):
+    cfg = RunConfig(**TINY, method="ssa-h", outputs_dir=str(tmp_path / "a"))
+    first = fit(cfg)
+    second = fit(RunConfig(**TINY, method="ssa-h", outputs_dir=str(tmp_path / "b")))
+    assert first["epochs"] == [{**e, "wall_s": f["wall_s"]} for e, f in zip(second["epochs"], first["epochs"])]
+    assert first["ssa_labels"][0]["flipped"] == second["ssa_labels"][0]["flipped"]
+    before = (run_dir_of(cfg) / "metrics.json").read_text()
+    assert fit(cfg) == first                          # finished: not rerun, not overwritten
+    assert (run_dir_of(cfg) / "metrics.json").read_text() == before
+
+
+def test_dropout_on_while_training_off_while_evaluating_every_epoch(tmp_path, monkeypatch):
+    """Record the mode of the backbone whenever it runs with gradients (training) or without
+    (probing, evaluation)."""
+    import kit.models as models
+    seen = []
+    original = models.SequenceModel.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append((torch.is_grad_enabled(), self.training, self.backbone.training))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(models.SequenceModel, "forward", spy)
+    fit(RunConfig(**{**TINY, "epochs": 3}, method="ssa-co", outputs_dir=str(tmp_path)))
+    training = [s for s in seen if s[0]]
+    inference = [s for s in seen if not s[0]]
+    assert training and all(s[1] and s[2] for s in training)
+    assert inference and not any(s[1] or s[2] for s in inference)
+    # probing and evaluation happen between epochs, and training resumes with dropout on
+    modes = [s[0] for s in seen]
+    assert modes.index(False) < len(modes) - 1 - modes[::-1].index(True)
+
+
+def test_output_contract(tmp_path):
+    cfg = RunConfig(**{**TINY, "save_checkpoints": True}, method="ssa-h", outputs_dir=str(tmp_path))
+    m = fit(cfg)
+    run = run_dir_of(cfg)
+    assert RunConfig.from_dict(json.loads((run / "config.json").read_text())) == cfg
+    on_disk = json.loads((run / "metrics.json").read_text())
+    for key in ("run_id", "task", "model", "method", "seed", "status", "epochs", "best_epoch",
+                "best_dev", "best_three_subset", "wall_s", "train_examples_per_s",
+                "peak_memory_mb", "ssa_labels"):
+        assert key in on_disk, key
+    assert on_disk["run_id"] == cfg.run_id == m["run_id"]
+    assert set(on_disk["wall_s"]) >= {"train", "label_generation", "eval", "total"}
+    history = (run / "history.csv").read_text().splitlines()
+    assert history[0].startswith("step,epoch,wall_s,loss") and len(history) > 2
+    assert "loss_ssa" in history[0]
+    for name in ("best", "last"):
+        folder = run / "checkpoint" / name
+        assert (folder / "config.json").exists() and (folder / "heads.safetensors").exists()
+    dev = (run / "predictions" / "dev.tsv").read_text().splitlines()
+    assert dev[0] == "index\tprediction\tlabel" and len(dev) == 1 + 100
+    assert not list(run.rglob("*.tmp"))
+
+
+def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
+    import kit.train as train
+    monkeypatch.setattr(train, "target_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True))
+    cfg = RunConfig(**TINY, outputs_dir=str(tmp_path))
+    with pytest.raises(train.NonFiniteLoss, match="epoch 0 step 0"):
+        fit(cfg)
+    record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("NonFiniteLoss")
+
+
+def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path):
+    """Issue 3's bar: on the synthetic task the share of label 1 on true cue tokens is at least
+    3x the share on distractors (paper rule, default knobs, the real pretrained model)."""
+    cfg = RunConfig(task="synthetic", model="minilm", method="ssa-co", synthetic_size=600,
+                    epochs=2, lr=1e-4, save_checkpoints=False, outputs_dir=str(tmp_path))
+    stats = fit(cfg)["ssa_labels"][0]
+    assert stats["kept"] > 500
+    assert stats["cue_share_label1"] >= 3 * stats["distractor_share_label1"]
+
+
+@pytest.mark.parametrize("method", ["bert", "bert-mask", "ssa-co", "ssa-h"])
+def test_real_rte_smoke_per_method(method, glue_dir, tmp_path):
+    m = fit(RunConfig(task="RTE", model="minilm", method=method, glue_dir=str(glue_dir),
+                      max_train_examples=48, epochs=2, max_length=64, lr=1e-4,
+                      save_checkpoints=False, outputs_dir=str(tmp_path)))
+    assert m["status"] == "ok" and 0 <= m["best_dev"]["accuracy"] <= 1
+    assert len(m["epochs"]) == 2
+    if method.startswith("ssa"):
+        assert m["ssa_labels"][0]["probed"] == 48
+
+
+def test_real_stsb_regression_ssa_h(glue_dir, tmp_path):
+    cfg = RunConfig(task="STS-B", model="minilm", method="ssa-h", glue_dir=str(glue_dir),
+                    max_train_examples=48, epochs=2, max_length=64, lr=1e-4, predict_test=True,
+                    save_checkpoints=False, outputs_dir=str(tmp_path))
+    m = fit(cfg)
+    assert set(m["best_dev"]) >= {"pearson", "spearman", "score"}
+    assert np.isfinite(m["best_dev"]["pearson"])
+    test = (run_dir_of(cfg) / "predictions" / "test.tsv").read_text().splitlines()
+    assert test[0] == "index\tprediction" and len(test) == 1 + 1379
