@@ -166,6 +166,10 @@ def _failure_reason(err: Exception) -> str:
 
 
 def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs") -> int:
+    import logging
+    # papermill warns about parameters missing from the notebook's parameters cell; every
+    # parameter was validated against RunConfig above, so those warnings are noise here
+    logging.getLogger("papermill").setLevel(logging.ERROR)
     profile = load_profile(name, outputs_dir)
     points = shard(profile.points, shard_spec)
     counts = {"ok": 0, "skipped": 0, "failed": 0, "absent": 0}

@@ -12,6 +12,7 @@ import json
 import typing
 from dataclasses import dataclass
 
+RESULTS_VERSION = 1  # bump when a default or the training code changes what a config computes
 METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h")
 SSA_METHODS = ("ssa-co", "ssa-h")
 
@@ -112,8 +113,13 @@ class RunConfig:
 
     @property
     def run_id(self) -> str:
-        """Stable across processes: a hash of every field that changes the result."""
-        identity = {k: v for k, v in self.to_dict().items() if k not in self._NOT_IDENTITY}
+        """Stable across processes: a hash of the fields that change the result and differ from
+        their defaults, so adding a knob (with a default) keeps every earlier run id. Changing a
+        default's value changes results: bump RESULTS_VERSION with it."""
+        identity = {"version": RESULTS_VERSION}
+        identity.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                         if f.name not in self._NOT_IDENTITY
+                         and getattr(self, f.name) != f.default})
         digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
         task = self.task.replace("/", "_")
         return f"{task}-{self.method}-s{self.seed}-{digest}"

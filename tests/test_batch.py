@@ -1,0 +1,141 @@
+"""Profiles: YAML typing, grid expansion, shards, skip-finished, failure records, locks, and the
+smoke profile end to end through papermill (every method, tables written)."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit import batch
+from kit.config import ConfigError, RunConfig
+from kit.train import run_dir_of
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_profile(tmp_path, text: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_profile_is_valid_and_typed():
+    for path in sorted((REPO / "params").glob("*.yaml")):
+        profile = batch.load_profile(str(path))
+        assert profile.points, path
+        for point in profile.points:
+            cfg = RunConfig.from_dict(point)
+            assert isinstance(cfg.lr, float) and isinstance(cfg.epochs, int), path
+
+
+def test_yaml_reads_exponent_floats_as_floats(tmp_path):
+    assert yaml.safe_load("lr: 1e-5")["lr"] == "1e-5"              # the plain YAML trap
+    profile = batch.load_profile(str(write_profile(tmp_path, "grid:\n  lr: 1e-5\n")))
+    assert profile.points[0]["lr"] == 1e-5
+
+
+def test_quoted_number_is_a_one_line_error_naming_the_file_and_parameter(tmp_path):
+    path = write_profile(tmp_path, "grid:\n  lr: '1e-5'\n")
+    with pytest.raises(ConfigError) as err:
+        batch.load_profile(str(path))
+    message = str(err.value)
+    assert str(path) in message and "'lr'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("grid:\n  lrr: 0.1\n", "did you mean 'lr'"),
+    ("grid:\n  task: NOPE\n  method: bert\n  epochs: 0\n", "'epochs'"),
+    ("gird:\n  lr: 0.1\n", "unknown key(s) gird"),
+    ("grid: [1, 2\n", "not valid YAML"),
+    ("grid:\n  gamma: -1.0\n", "'gamma'"),
+])
+def test_bad_profiles(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as err:
+        batch.load_profile(str(write_profile(tmp_path, text)))
+    assert needle in str(err.value)
+
+
+def test_unknown_profile_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="smoke"):
+        batch.load_profile("no-such-profile")
+
+
+def test_grid_is_a_cartesian_product_with_task_overrides(tmp_path):
+    path = write_profile(tmp_path, """
+grid:
+  task: [RTE, CoLA]
+  method: [bert, ssa-h]
+  seed: [0, 1, 2]
+  lr: 1.0e-4
+task_overrides:
+  CoLA: {lr: 2.0e-5}
+""")
+    points = batch.load_profile(str(path)).points
+    assert len(points) == 12
+    assert {p["lr"] for p in points if p["task"] == "CoLA"} == {2e-5}
+    assert {p["lr"] for p in points if p["task"] == "RTE"} == {1e-4}
+    assert len({RunConfig.from_dict(p).run_id for p in points}) == 12
+
+
+def test_shards_partition_the_grid():
+    points = list(range(10))
+    shards = [batch.shard(points, f"{i}/3") for i in range(3)]
+    assert sorted(sum(shards, [])) == points
+    for bad in ("3/3", "x", "1/0"):
+        with pytest.raises(ConfigError):
+            batch.shard(points, bad)
+
+
+def test_missing_local_task_files_are_reported(tmp_path):
+    cfg = RunConfig(task="MRPC", glue_dir=str(tmp_path))
+    assert "MRPC/train.tsv not found" in batch.missing_task_files(cfg)
+    assert batch.missing_task_files(RunConfig(task="synthetic")) is None
+
+
+def test_run_lock_is_exclusive(tmp_path):
+    with batch.RunLock(tmp_path) as first:
+        assert first
+        with batch.RunLock(tmp_path) as second:
+            assert not second
+    with batch.RunLock(tmp_path) as again:
+        assert again
+
+
+def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys):
+    """All four methods through papermill; a failing point is recorded and the batch goes on;
+    a rerun skips finished runs and retries only the failed one."""
+    outputs = tmp_path / "out"
+    profile = write_profile(tmp_path, (REPO / "params" / "smoke.yaml").read_text()
+                            + "task_overrides:\n  RTE: {glue_dir: /nonexistent/glue}\n")
+    text = profile.read_text().replace("task: synthetic", "task: [synthetic, RTE]")
+    profile.write_text(text)
+    points = batch.load_profile(str(profile), str(outputs)).points
+    rte = [p for p in points if p["task"] == "RTE"]
+    assert len(points) == 8 and len(rte) == 4
+
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "4 ok, 0 skipped, 4 failed" in summary
+    for point in points:
+        run = run_dir_of(RunConfig.from_dict(point))
+        record = json.loads((run / "metrics.json").read_text())
+        if point["task"] == "RTE":
+            assert record["status"] == "failed" and "/nonexistent/glue" in record["error"]
+        else:
+            assert record["status"] == "ok"
+            assert (run / "notebook.ipynb").exists()            # the executed copy
+    tables = outputs / "tables"
+    for suffix in ("md", "csv", "tex"):
+        assert (tables / f"p.{suffix}").exists()
+    md = (tables / "p.md").read_text()
+    assert "SSA-H" in md and "failed" in md
+
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "0 ok, 4 skipped, 4 failed" in summary
+
+
+def test_main_reports_bad_profiles_in_one_line(capsys):
+    assert batch.main(["no-such-profile"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown profile") and "\n" not in err
