@@ -10,7 +10,6 @@ outputs/tables/<profile>.{md,csv,tex} and a summary line; the exit status is 1 i
 from __future__ import annotations
 
 import argparse
-import fcntl
 import itertools
 import json
 import os
@@ -111,24 +110,6 @@ def missing_task_files(cfg: RunConfig) -> str | None:
     return None
 
 
-class RunLock:
-    """An exclusive, non-blocking lock on a run folder (released when the process dies)."""
-
-    def __init__(self, run_dir: Path):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.handle = open(run_dir / ".lock", "w")
-
-    def __enter__(self) -> bool:
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-
-    def __exit__(self, *exc):
-        self.handle.close()
-
-
 def execute(profile: Profile, point: dict) -> tuple[str, str]:
     """Run one grid point through papermill; returns (status, detail)."""
     import papermill as pm
@@ -139,23 +120,23 @@ def execute(profile: Profile, point: dict) -> tuple[str, str]:
     if profile.skip_missing_tasks and (why := missing_task_files(cfg)):
         return "absent", why
     run_dir = run_dir_of(cfg)
-    with RunLock(run_dir) as locked:
-        if not locked:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        pm.execute_notebook(str(profile.notebook), str(run_dir / "notebook.ipynb"),
+                            parameters=point, kernel_name="python3", progress_bar=False,
+                            cwd=str(REPO))
+    except Exception as err:   # the notebook failed or its kernel died
+        detail = _failure_reason(err)
+        if detail.startswith("RunLocked"):      # fit() refused: another batch trains it
             return "skipped", "running in another batch"
-        try:
-            pm.execute_notebook(str(profile.notebook), str(run_dir / "notebook.ipynb"),
-                                parameters=point, kernel_name="python3", progress_bar=False,
-                                cwd=str(REPO))
-        except Exception as err:   # the notebook failed or its kernel died
-            detail = _failure_reason(err)
-            metrics_path = run_dir / "metrics.json"
-            recorded = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
-            if recorded.get("status") != "failed":   # fit() could not record it: the kernel died
-                kio.write_json(metrics_path, {
-                    "run_id": cfg.run_id, "task": cfg.task, "model": cfg.model,
-                    "method": cfg.method, "seed": cfg.seed, "profile": cfg.profile,
-                    "status": "failed", "error": detail})
-            return "failed", recorded.get("error") or detail
+        metrics_path = run_dir / "metrics.json"
+        recorded = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        if recorded.get("status") != "failed":   # fit() could not record it: the kernel died
+            kio.write_json(metrics_path, {
+                "run_id": cfg.run_id, "task": cfg.task, "model": cfg.model,
+                "method": cfg.method, "seed": cfg.seed, "profile": cfg.profile,
+                "status": "failed", "error": detail})
+        return "failed", recorded.get("error") or detail
     return "ok", ""
 
 

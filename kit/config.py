@@ -13,8 +13,9 @@ import typing
 from dataclasses import dataclass
 
 RESULTS_VERSION = 1  # bump when a default or the training code changes what a config computes
-METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h")
+METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h", "embert", "gated")
 SSA_METHODS = ("ssa-co", "ssa-h")
+MULTITASK_METHODS = ("embert", "gated")   # kit.multitask.fit_multitask; task="multitask"
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,11 @@ class RunConfig:
     csv_text_columns: tuple[str, ...] = ()
     csv_target: str = ""
     csv_regression: bool = True
+    # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see kit.folds)
+    n_folds: int = 0                   # 0 = no folds: a seeded 80/20 split; else k >= 2 folds
+    fold: int = 0                      # with n_folds: the fold that is dev (train = every other row)
+    csv_fold_column: str = ""          # a fold column of the CSV; "" = assigned (fixed seed 0,
+                                       # stratified: classes / target quantile bins)
     # optimisation
     epochs: int = 3
     batch_size: int = 32
@@ -73,6 +79,14 @@ class RunConfig:
     guide_loss: str = "task"           # task | task+pd | task+ad | task+both
     pd_factor: float = 0.001
     ad_factor: float = 0.001
+    # multi-task (methods embert / gated, kit.multitask): `task` is the label "multitask" and
+    # `tasks` lists the tasks trained together (one head each); single-task methods leave it ()
+    tasks: tuple[str, ...] = ()        # e.g. (RTE, CoLA, STS-B, SST-2, WNLI)
+    sampling: str = "anneal"           # task of each batch: prop | sqrt | anneal | round-robin
+    steps_per_epoch: int = 0           # batches per epoch; 0 = total train rows / batch_size
+    adapter_rank: int = 0              # gated: Q/K adapter rank; 0 = hidden * 204 / 768 (BERT-base 204)
+    gate_start_epoch: int = 1          # gated: epochs before this train the adapters, gate fixed
+    freeze_qkv_epoch: int = 2          # gated: from this epoch the last layer's base Q/K/V are frozen
     guide_reduction: str = "query"     # query (attention received) | key (released code; ~constant)
     # outputs
     outputs_dir: str = "outputs"
@@ -157,6 +171,7 @@ _CHOICES = {
     "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
+    "sampling": ("prop", "sqrt", "anneal", "round-robin"),
 }
 _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),
@@ -173,6 +188,9 @@ _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "log_every": (1, float("inf"), True, False), "layer_decay": (0, 1, False, True),
     "freeze_layers": (0, float("inf"), True, False), "pd_factor": (0, float("inf"), True, False),
     "ad_factor": (0, float("inf"), True, False),
+    "steps_per_epoch": (0, float("inf"), True, False), "adapter_rank": (0, float("inf"), True, False),
+    "gate_start_epoch": (0, float("inf"), True, False),
+    "freeze_qkv_epoch": (0, float("inf"), True, False),
 }
 
 
@@ -189,7 +207,41 @@ def _check_values(cfg: RunConfig) -> None:
             raise ConfigError(f"parameter {name!r}: {value!r} is outside {lo}{low}, {high}{hi}")
     if cfg.task.lower() == "csv" and not (cfg.csv_path and cfg.csv_text_columns and cfg.csv_target):
         raise ConfigError("task 'csv' needs csv_path, csv_text_columns and csv_target")
+    # k-fold CSV runs: folds only exist for CSV tasks, and the dev fold must be one of them
+    if cfg.n_folds < 0 or cfg.n_folds == 1:
+        raise ConfigError(f"parameter 'n_folds': {cfg.n_folds} folds; use 0 (no folds) or >= 2")
+    if cfg.n_folds and cfg.task.lower() != "csv":
+        raise ConfigError(f"parameter 'n_folds': folds are for task 'csv', not {cfg.task!r}")
+    if cfg.csv_fold_column and not cfg.n_folds:
+        raise ConfigError("parameter 'csv_fold_column' needs n_folds >= 2")
+    if not 0 <= cfg.fold < max(cfg.n_folds, 1):
+        raise ConfigError(f"parameter 'fold': {cfg.fold} is outside [0, {max(cfg.n_folds, 1)}) "
+                          f"(n_folds={cfg.n_folds})")
     if not cfg.task:
         raise ConfigError("parameter 'task' is empty")
+    # multi-task: method embert/gated <=> task "multitask" <=> a non-empty `tasks` of known tasks
+    multi = cfg.method in MULTITASK_METHODS
+    if multi != (cfg.task == "multitask"):
+        raise ConfigError(f"parameter 'task': method {cfg.method!r} needs task " + (
+            "'multitask' (the tasks go in `tasks`)" if multi else f"other than 'multitask' "
+            f"(multi-task methods: {', '.join(MULTITASK_METHODS)})"))
+    if multi != bool(cfg.tasks):
+        raise ConfigError("parameter 'tasks': " + ("empty; list the tasks to train together"
+                          if multi else f"only for methods {', '.join(MULTITASK_METHODS)}"))
+    if multi:
+        from kit.tasks import get_task
+        names = []
+        for name in cfg.tasks:
+            if name.lower() in ("csv", "multitask"):
+                raise ConfigError(f"parameter 'tasks': {name!r} cannot be trained in a mix")
+            try:
+                names.append(get_task(name).name)
+            except ValueError as err:
+                raise ConfigError(f"parameter 'tasks': {err}") from None
+        if len(set(names)) < len(names):
+            raise ConfigError(f"parameter 'tasks': a task is listed twice in {list(cfg.tasks)}")
+    if cfg.freeze_qkv_epoch < cfg.gate_start_epoch:
+        raise ConfigError(f"parameter 'freeze_qkv_epoch': {cfg.freeze_qkv_epoch} is before "
+                          f"gate_start_epoch {cfg.gate_start_epoch} (stages: adapters, gate, Q/K/V frozen)")
     if not cfg.model:
         raise ConfigError("parameter 'model' is empty")

@@ -57,12 +57,34 @@ def load_task_data(cfg: RunConfig) -> TaskData:
 
 
 def _load_csv(cfg: RunConfig) -> TaskData:
+    """A user's CSV as train + dev. Without folds (n_folds 0): a seeded 80/20 split (seed = the
+    run's seed). With n_folds k: dev is the rows of fold `cfg.fold`, train every other row. Fold
+    ids come from `csv_fold_column` when given (its sorted distinct values become 0..), else
+    kit.folds assigns them with a FIXED seed 0, stratified on the classes (classification) or
+    on quantile bins of the target (regression): folds are a property of the data, so every
+    seed of a grid validates on the same rows and one seed's k runs give out-of-fold
+    predictions for every row. `max_train_examples` caps train as for GLUE tasks."""
+    from kit.folds import assign_folds
     split, labels = readers.read_csv_split(cfg.csv_path, cfg.csv_text_columns, cfg.csv_target,
-                                           cfg.csv_regression)
+                                           cfg.csv_regression, cfg.csv_fold_column or None)
     task = csv_task(cfg.csv_text_columns, None if cfg.csv_regression else labels)
-    order = np.random.default_rng(cfg.seed).permutation(len(split))
-    n_dev = max(len(split) // 5, 1)    # without folds: a seeded 80/20 split
-    return TaskData(task, split.subset(order[n_dev:]), {"dev": split.subset(order[:n_dev])}, {})
+    if not cfg.n_folds:
+        order = np.random.default_rng(cfg.seed).permutation(len(split))
+        n_dev = max(len(split) // 5, 1)    # without folds: a seeded 80/20 split
+        return TaskData(task, _cap(split.subset(order[n_dev:]), cfg),
+                        {"dev": split.subset(order[:n_dev])}, {})
+    try:
+        folds = assign_folds(cfg.n_folds, seed=0, labels=split.labels,
+                             regression=cfg.csv_regression, given=split.folds)
+    except ValueError as err:          # too few rows or fold values: say which file
+        raise readers.DataError(f"{cfg.csv_path}: cannot make {cfg.n_folds} folds ({err})") from None
+    split.folds = folds
+    dev = np.flatnonzero(folds == cfg.fold)
+    if not len(dev) or len(dev) == len(split):
+        raise readers.DataError(f"{cfg.csv_path}: fold {cfg.fold} holds {len(dev)} of "
+                                f"{len(split)} rows; dev and train must both be non-empty")
+    train = np.flatnonzero(folds != cfg.fold)
+    return TaskData(task, _cap(split.subset(train), cfg), {"dev": split.subset(dev)}, {})
 
 
 def _cap(train: Split, cfg: RunConfig) -> Split:

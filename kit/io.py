@@ -1,11 +1,17 @@
 """Atomic writes: a file a later step reads is either complete or absent, never half-written."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+
+class OutputsError(OSError):
+    """The outputs folder cannot be written (read-only, not a folder, disk full)."""
 
 
 @contextmanager
@@ -20,6 +26,11 @@ def atomic_path(path: str | Path):
     try:
         yield Path(tmp)
         os.replace(tmp, path)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise OutputsError(f"disk full while writing {path}; free space and rerun "
+                               "(finished runs are kept, this one resumes)") from None
+        raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -51,3 +62,22 @@ def _jsonable(value):
     if hasattr(value, "item"):
         return value.item()
     return str(value)
+
+
+class FileLock:
+    """An exclusive, non-blocking lock on `path` (released when the holder exits or dies):
+    `with FileLock(p) as got:` - got is False when another process holds it."""
+
+    def __init__(self, path: str | Path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(path, "w")
+
+    def __enter__(self) -> bool:
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def __exit__(self, *exc):
+        self.handle.close()

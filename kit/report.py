@@ -6,6 +6,8 @@ values in the run folders are fractions; `paper_table` shows them x100 like the 
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit.config import RunConfig
 from kit.metrics import reported_metrics, significance_mark, welch_test
 from kit.paper_results import PAPER_TASKS, PaperRow, paper_row
 from kit.tasks import GLUE_TASKS, csv_task, get_task
@@ -110,6 +113,59 @@ def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     return df
 
 
+def profile_run_dirs(profile: str, outputs_dir: str | os.PathLike = "outputs") -> list[Path] | None:
+    """The run folders of a profile's grid that exist under `outputs_dir`, or None when
+    `profile` is no profile file (a name in params/ or a YAML path).
+
+    Membership is by run id, as the batch runner's own tables do: a finished run is shared by
+    every profile whose grid holds its config (the second profile skips it), while its
+    config.json names only the profile that ran it first."""
+    from kit.batch import load_profile, profile_path
+    from kit.config import ConfigError, RunConfig
+    try:
+        profile_path(profile)
+    except ConfigError:
+        return None
+    points = load_profile(profile, str(outputs_dir)).points
+    ids = dict.fromkeys(RunConfig.from_dict(p).run_id for p in points)
+    dirs = [Path(outputs_dir) / "runs" / run_id for run_id in ids]
+    return [d for d in dirs if (d / "config.json").exists() or (d / "metrics.json").exists()]
+
+
+def collect_runs(outputs_dir: str | os.PathLike = "outputs", profile: str | None = None,
+                 **where) -> pd.DataFrame:
+    """`load_runs` over `<outputs_dir>/runs`, optionally one profile's runs and exact-match
+    filters on any column (`task="SST-2"`, `model="minilm"`; None values are ignored).
+
+    `profile` is a profile name in params/ or a YAML path: its grid's runs (by run id, see
+    `profile_run_dirs`); any other string matches config.json's `profile` field. An empty
+    frame (with the base columns) when nothing matches."""
+    root = Path(outputs_dir) / "runs"
+    dirs = profile_run_dirs(profile, outputs_dir) if profile else None
+    by_field = dirs is None and bool(profile)
+    if dirs is None:
+        dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if root.is_dir() else []
+    df = load_runs(dirs)
+    if by_field:
+        df = df[df["profile"] == profile] if "profile" in df.columns else df.iloc[:0]
+    for column, value in where.items():
+        if value is not None:
+            if column not in df.columns:
+                if df.empty:
+                    continue
+                raise ValueError(f"no column {column!r} to filter on: runs have "
+                                 f"{', '.join(map(str, df.columns))}")
+            df = df[df[column] == value]
+    return df.reset_index(drop=True)
+
+
+def score_scale(task_name: str, rows: pd.DataFrame | None = None) -> int:
+    """100 for tasks whose numbers are fractions shown x100 (everything but rmse), else 1."""
+    rows = pd.DataFrame() if rows is None else rows
+    return 100 if _percent_task(task_name, rows) else 1
+
+
 # ---------------------------------------------------------------- tasks, methods, order
 
 def _task_rank(task) -> tuple:
@@ -168,8 +224,12 @@ def _status_counts(rows: pd.DataFrame) -> dict[str, int]:
 def summary_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     """Per task x model x method (x the `by` columns, e.g. ["gamma"]): over the seeds of the OK
     runs, mean and sample std of the task score and each official metric (fractions), the number
-    of seeds, and how many runs failed or are missing."""
+    of seeds, and how many runs failed or are missing. k-fold runs (n_folds >= 2) are
+    summarised per fold: each fold is its own dev set, never averaged with seeds (fold_table
+    gives the mean over folds)."""
     keys = ["task", "model", "method", *by]
+    if "fold" not in keys and len(_fold_runs(df)):
+        keys.append("fold")
     rows = []
     for key, group in _sorted_groups(df, keys):
         ok = _ok_runs(group, "/".join(map(str, key)))
@@ -231,6 +291,16 @@ def _published_rows(label: str, row: PaperRow, means: dict, tasks: list[str],
     }
 
 
+def paper_table_for(model: str) -> str:
+    """The paper's table to compare a backbone with: roberta-large / roberta-base for RoBERTa
+    names, large for other "large" names, else base (Table 2, BERT-base; also the closest
+    comparison for the small embedded model)."""
+    name = str(model).lower()
+    if "roberta" in name:
+        return "roberta-large" if "large" in name else "roberta-base"
+    return "large" if "large" in name else "base"
+
+
 def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = None
                 ) -> pd.DataFrame:
     """The paper's Table 2 layout from the runs in `df` (one configuration per seed).
@@ -242,13 +312,16 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
     significantly higher than the `baseline` method's (two-sided Welch test over seeds,
     p < 0.05 / 0.01; like the paper, lower scores are never marked). Avg is the GLUE average of
     the task scores, "n/a" when a task has no OK run.
+    k-fold CSV runs are left out (fold_table and oof_metrics are their tables).
 
     `paper` ("base", "large", "roberta-base", "roberta-large") adds under each method the
-    paper's row "<label> (paper)" and "<label> (measured - paper)". The paper's numbers are
+    paper's row "<label> (paper)" and "<label> (measured - paper)"; "auto" picks the table per
+    model (`paper_table_for`). The paper's numbers are
     GLUE test scores of full-size models; deltas of dev runs of other backbones are no
     reproduction check, the gains over the baseline row are the comparable part.
     """
     df = df.dropna(subset=["task", "method"])   # folders with neither metrics nor config
+    df = df.drop(_fold_runs(df).index)          # k-fold CSV runs: see fold_table
     tasks = sorted(df["task"].unique(), key=_task_rank)
     percent_tasks = [t for t in tasks if _percent_task(t, df[df["task"] == t])]
     several_models = df["model"].nunique() > 1
@@ -261,11 +334,176 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
                                    f"{label} on {t}") for t in tasks}
         means = {t: cell[0] for t, cell in cells.items()}
         table[label] = {"Avg": _avg(means, percent_tasks), **{t: c[1] for t, c in cells.items()}}
-        if paper and (row := paper_row(paper, method)):
+        published = paper_table_for(model) if paper == "auto" else paper
+        if published and (row := paper_row(published, method)):
             table.update(_published_rows(label, row, means, tasks, percent_tasks))
     out = pd.DataFrame.from_dict(table, orient="index", columns=["Avg", *tasks])
     out.index.name = "Model"
     return out
+
+
+# ---------------------------------------------------------------- k-fold CSV runs
+
+# Metric columns a fold table shows, in this order, when the runs have them (regression CSV
+# tasks: rmse, mse, pearson, spearman; classification: accuracy, f1, f1_macro).
+_FOLD_METRICS = ("rmse", "mse", "pearson", "spearman", "accuracy", "f1", "f1_macro", "mcc")
+_FOLD_KEYS = ("task", "model", "method", "seed")
+
+
+def _fold_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The k-fold runs of a load_runs frame (config n_folds >= 2)."""
+    if "n_folds" not in df.columns or "fold" not in df.columns:
+        return df.iloc[0:0]
+    return df[pd.to_numeric(df["n_folds"], errors="coerce").fillna(0) >= 2]
+
+
+def fold_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Per task x model x method x seed (x the `by` columns): one row per fold run (its fold,
+    status, best-dev metrics, best epoch, run id), then a row "mean ± std" over the OK folds
+    (sample std; "n=ok/k" says how many of the k folds finished). Regression CSV tasks show
+    rmse, mse, pearson, spearman (rmse/mse in the target's units); classification ones accuracy
+    and F1. Several OK runs for one fold of a group mean mixed configurations: pass the
+    hyper-parameters that differ as `by`."""
+    df = _fold_runs(df)
+    keys = [*_FOLD_KEYS, *by]
+    metrics = [m for m in _FOLD_METRICS if m in df.columns and df[m].notna().any()]
+    rows = []
+    for key, group in _sorted_groups(df, keys):
+        named = dict(zip(keys, key))
+        ok = group[group["status"] == "ok"]
+        if ok["fold"].duplicated().any():
+            raise ValueError(f"{'/'.join(map(str, key))}: several OK runs for one fold; group by "
+                             "the hyper-parameters that differ (by=[...])")
+        for _, run in group.sort_values("fold").iterrows():
+            rows.append({**named, "fold": str(int(run["fold"])), "status": run["status"],
+                         **{m: round(float(run[m]), 4) for m in metrics},
+                         "best_epoch": run["best_epoch"], "run_id": run["run_id"]})
+        n_folds = int(pd.to_numeric(group["n_folds"]).max())
+        rows.append({**named, "fold": f"mean ± std (n={len(ok)}/{n_folds})", "status": "",
+                     **{m: f"{ok[m].mean():.4f} ± {ok[m].std():.4f}" if len(ok) > 1
+                        else (f"{ok[m].mean():.4f}" if len(ok) else "") for m in metrics},
+                     "best_epoch": "", "run_id": ""})
+    return pd.DataFrame(rows, columns=[*keys, "fold", "status", *metrics, "best_epoch", "run_id"])
+
+
+def fold_set_key(config: dict | RunConfig) -> str:
+    """One id for the runs of a k-fold set: the config minus the fold (and the fields that do
+    not change results), so the k runs of one configuration share it."""
+    if isinstance(config, RunConfig):
+        config = json.loads(json.dumps(config.to_dict()))      # as config.json holds it
+    skip = {"fold", "run_id", *RunConfig._NOT_IDENTITY}
+    kept = {k: v for k, v in sorted(config.items()) if k not in skip}
+    return hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def fold_run_dirs(cfg: RunConfig) -> list[Path]:
+    """The run folders of all k folds of `cfg`'s k-fold set (folds 0..n_folds-1; they exist
+    once a fold has started), under cfg.outputs_dir/runs as the training loop names them."""
+    if cfg.n_folds < 2:
+        raise ValueError(f"{cfg.run_id} is not a k-fold run (n_folds={cfg.n_folds})")
+    return [Path(cfg.outputs_dir) / "runs" / dataclasses.replace(cfg, fold=f).run_id
+            for f in range(cfg.n_folds)]
+
+
+def oof_predictions(run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
+                    columns: Sequence[str] = ()) -> pd.DataFrame:
+    """Out-of-fold predictions: the dev predictions (predictions/dev.tsv, the best epoch) of
+    every finished k-fold run, one row per CSV row and configuration. Columns: config_key (the
+    config without its fold: one k-fold set), task, model, method, seed, the config fields in
+    `columns`, n_folds, fold, run_id, index (the CSV's id or row number), prediction, label
+    (floats for regression, label strings for classification).
+
+    Runs that are not k-fold runs or did not end ok are left out. A CSV row in the dev
+    predictions of two folds of one set (mixed fold assignments) is a ValueError. Note that
+    best-epoch predictions are chosen on the fold itself (the usual Kaggle habit), so OOF
+    scores are slightly optimistic next to a fixed epoch count.
+    """
+    if isinstance(run_dirs, (str, os.PathLike)):
+        root = Path(run_dirs)
+        run_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    frames = []
+    for run_dir in map(Path, run_dirs):
+        config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.json"
+        if not (config_path.exists() and metrics_path.exists()):
+            continue
+        config = _read_json(config_path)
+        if int(config.get("n_folds") or 0) < 2 or _read_json(metrics_path).get("status") != "ok":
+            continue
+        path = run_dir / "predictions" / "dev.tsv"
+        if not path.exists():
+            raise ValueError(f"{path}: a finished k-fold run without dev predictions")
+        pred = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, quoting=3)
+        if config.get("csv_regression", True):
+            pred[["prediction", "label"]] = pred[["prediction", "label"]].astype(float)
+        ident = {"config_key": fold_set_key(config),
+                 **{k: config.get(k) for k in (*_FOLD_KEYS, *columns)},
+                 "n_folds": int(config["n_folds"]), "fold": int(config.get("fold", 0)),
+                 "run_id": run_dir.name}
+        frames.append(pred.assign(**ident)[[*ident, "index", "prediction", "label"]])
+    names = ["config_key", *_FOLD_KEYS, *columns, "n_folds", "fold", "run_id", "index",
+             "prediction", "label"]
+    if not frames:
+        return pd.DataFrame(columns=names)
+    oof = pd.concat(frames, ignore_index=True)[names]
+    twice = oof.duplicated(["config_key", "index"], keep=False)
+    if twice.any():
+        first = oof[twice].iloc[0]
+        folds = sorted(oof[twice & (oof["index"] == first["index"])
+                           & (oof["config_key"] == first["config_key"])]["fold"])
+        raise ValueError(f"row {first['index']!r} is in the dev predictions of folds {folds} of "
+                         f"one configuration ({first['run_id']} ...): the runs mix fold "
+                         "assignments")
+    return oof.sort_values(["config_key", "fold", "index"], kind="stable").reset_index(drop=True)
+
+
+def oof_metrics(oof: pd.DataFrame, columns: Sequence[str] = ()) -> pd.DataFrame:
+    """Metrics over all out-of-fold predictions of each k-fold set (one row per config_key):
+    rows, folds present of n_folds, complete (every fold present), then kit.metrics for a CSV
+    task: rmse, mse, pearson, spearman (regression) or accuracy, F1 (classification)."""
+    from kit.metrics import compute_metrics
+    rows = []
+    for key, group in oof.groupby("config_key", sort=False):
+        regression = pd.api.types.is_float_dtype(group["prediction"])
+        if regression:
+            task = csv_task(("text",), None)
+            preds, gold = group["prediction"].to_numpy(), group["label"].to_numpy()
+        else:
+            labels = tuple(sorted(set(group["label"]) | set(group["prediction"])))
+            task = csv_task(("text",), labels)
+            preds = group["prediction"].map(labels.index).to_numpy()
+            gold = group["label"].map(labels.index).to_numpy()
+        first = group.iloc[0]
+        n_folds, present = int(first["n_folds"]), group["fold"].nunique()
+        metrics = compute_metrics(task, preds, gold)
+        metrics.pop("score")
+        rows.append({**{k: first[k] for k in (*_FOLD_KEYS, *columns)}, "config_key": key,
+                     "rows": len(group), "folds": f"{present}/{n_folds}",
+                     "complete": present == n_folds, **metrics})
+    return pd.DataFrame(rows)
+
+
+def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
+    """The tables of one profile's runs, for write_tables. `varying`: the grid axes with more
+    than one value. Axes other than task/model/method/seed/fold are grouped on (so e.g.
+    guide_loss task vs task+both are two summary rows, not two runs of one seed). A fold axis
+    gives the per-fold table (mean ± std over folds) and the out-of-fold table instead of the
+    over-seeds summary. The paper layout is added when the grid varies only task / method /
+    seed / model and has the bert baseline."""
+    fixed = {"task", "model", "method", "seed", "fold"}
+    by = [k for k in varying if k not in fixed and k in runs.columns]
+    ok = runs[runs["status"] == "ok"]
+    tables: dict[str, pd.DataFrame] = {}
+    if len(ok) and "bert" in set(ok["method"]) and not by and "fold" not in varying:
+        tables["Paper layout (Table 2)"] = paper_table(runs)
+    if len(_fold_runs(runs)) and ("fold" in varying or runs["fold"].nunique() > 1):
+        tables["Folds (per fold; mean ± std over folds)"] = fold_table(runs, by)
+        oof = oof_predictions(runs["run_dir"], columns=by)
+        if len(oof):
+            tables["Out-of-fold (all folds' dev predictions together)"] = oof_metrics(oof, by)
+    else:
+        tables["Summary (mean ± std over seeds)"] = summary_table(runs, by)
+    tables["Runs"] = runs
+    return tables
 
 
 # ---------------------------------------------------------------- model selection
@@ -303,6 +541,106 @@ def select_by_best_dev(df: pd.DataFrame, group_keys: Sequence[str],
                        candidate_keys: Sequence[str]) -> pd.DataFrame:
     """Plain selection for comparison: the candidate with the highest mean best-dev score."""
     return _select(df, group_keys, candidate_keys, df["score"])
+
+
+# Hyper-parameters a grid may vary (the paper's section 4.3 grid and the SSA knobs).
+HYPERPARAMETERS = ("lr", "batch_size", "epochs", "alpha", "beta", "gamma", "warmup_ratio",
+                   "weight_decay", "max_length", "max_train_examples", "mask_ratio",
+                   "mask_scheme", "label_rule", "label_merge", "hybrid_weighting",
+                   "attention_threshold", "ssa_start_epoch", "layer_decay", "guide_loss")
+SELECTION_RULES = ("three_subset", "best_dev", "none")
+
+
+def varying_hyperparameters(df: pd.DataFrame,
+                            group_keys: Sequence[str] = ("task", "model", "method")) -> list[str]:
+    """The HYPERPARAMETERS columns that take several values inside some group: the candidate
+    keys a selection rule chooses among."""
+    present = [k for k in HYPERPARAMETERS if k in df.columns]
+    if df.empty or not present:
+        return []
+    counts = df.groupby(list(group_keys), dropna=False)[present].nunique(dropna=False)
+    return [k for k in present if (counts[k] > 1).any()]
+
+
+def select_runs(df: pd.DataFrame, rule: str = "three_subset",
+                group_keys: Sequence[str] = ("task", "model", "method"),
+                candidate_keys: Sequence[str] | None = None) -> pd.DataFrame:
+    """One configuration per group, ready for paper_table/summary_table: `rule` three_subset
+    (the paper's section 4.3 rule, `select_by_three_subsets`), best_dev
+    (`select_by_best_dev`) or none (the runs as they are). `candidate_keys` default to the
+    hyper-parameters that vary (`varying_hyperparameters`); with none varying every rule
+    returns the runs unchanged."""
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"unknown selection rule {rule!r}: choose one of {SELECTION_RULES}")
+    keys = list(varying_hyperparameters(df, group_keys) if candidate_keys is None
+                else candidate_keys)
+    if rule == "none" or not keys or df.empty:
+        return df
+    select = select_by_three_subsets if rule == "three_subset" else select_by_best_dev
+    return select(df, list(group_keys), keys)
+
+
+def _configuration(row: pd.Series, keys: Sequence[str]) -> str:
+    return " ".join(f"{k}={row[k]:g}" if isinstance(row[k], float) else f"{k}={row[k]}"
+                    for k in keys)
+
+
+def selection_table(df: pd.DataFrame, group_keys: Sequence[str] = ("task", "model", "method"),
+                    candidate_keys: Sequence[str] | None = None) -> pd.DataFrame:
+    """The paper's three-subset rule next to plain best-dev selection, per group: the
+    configuration each picks, its mean best-dev score over seeds (x100 where the task is
+    shown x100), its three-subset mean - std criterion, and whether the two rules agree.
+    Empty when no hyper-parameter varies (nothing to select)."""
+    keys = list(varying_hyperparameters(df, group_keys) if candidate_keys is None
+                else candidate_keys)
+    if not keys or df.empty:
+        return pd.DataFrame(columns=[*group_keys, "candidates"])
+    picks = {rule: select_runs(df, rule, group_keys, keys)
+             for rule in ("three_subset", "best_dev")}
+    rows = []
+    for key, group in _sorted_groups(df, list(group_keys)):
+        named = dict(zip(group_keys, key))
+        scale = score_scale(named.get("task", ""), group)
+        ok = group[group["status"] == "ok"]
+        row = {**named, "candidates": len(ok.drop_duplicates(keys))}
+        chosen = {}
+        for rule, picked in picks.items():
+            mine = picked.merge(pd.DataFrame([named]), on=list(group_keys))
+            mine = mine[mine["status"] == "ok"]
+            if mine.empty:
+                row.update({f"{rule}_config": "", f"{rule}_score": np.nan})
+                continue
+            chosen[rule] = _configuration(mine.iloc[0], keys)
+            criterion = mine["three_subset_mean"] - mine["three_subset_std"]
+            row.update({f"{rule}_config": chosen[rule],
+                        f"{rule}_score": round(mine["score"].mean() * scale, 2),
+                        f"{rule}_criterion": round(criterion.mean() * scale, 2),
+                        f"{rule}_seeds": len(mine)})
+        row["same"] = len(set(chosen.values())) == 1 and len(chosen) == 2
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "three_subset",
+                   baseline: str = "bert", candidate_keys: Sequence[str] | None = None
+                   ) -> dict[str, pd.DataFrame]:
+    """The tables of notebooks/results.ipynb from collected runs: the paper's layout (with the
+    paper's rows and deltas when `paper` is set) and the summary over seeds, both of the
+    configuration `rule` selects per task x model x method, and, when hyper-parameters vary,
+    the selection table (three-subset rule next to best-dev). Ready for `write_tables`."""
+    ok = df[df["status"] == "ok"] if len(df) else df
+    if ok.empty:
+        raise ValueError("no finished (status ok) runs to tabulate: run the profile first "
+                         "(./run_all.sh PROFILE) or check outputs_dir / profile")
+    selected = select_runs(df, rule, candidate_keys=candidate_keys)
+    if not set(ok["task"]) & set(PAPER_TASKS):
+        paper = None                    # no task of the paper's tables: no rows to compare
+    tables = {"Paper layout": paper_table(selected, baseline=baseline, paper=paper or None),
+              "Summary (mean ± std over seeds)": summary_table(selected)}
+    selection = selection_table(df, candidate_keys=candidate_keys)
+    if len(selection):
+        tables["Model selection (three-subset rule vs best dev)"] = selection
+    return tables
 
 
 # ---------------------------------------------------------------- writing
@@ -351,3 +689,13 @@ def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
     for path, text in zip(paths, (md, csv, tex)):
         kio.write_text(path, text)            # tmp file beside it, then os.replace
     return paths
+
+
+def write_results(tables: pd.DataFrame | Mapping[str, pd.DataFrame],
+                  outputs_dir: str | os.PathLike = "outputs", profile: str | None = None,
+                  name: str = "") -> list[Path]:
+    """`write_tables` into `<outputs_dir>/tables/` as `name`, by default `<profile>-results`
+    (`all-results` without a profile; a YAML path's stem), beside the batch runner's own
+    `<profile>.{md,csv,tex}`."""
+    stem = Path(profile).stem if profile and profile.endswith((".yaml", ".yml")) else profile
+    return write_tables(tables, name or f"{stem or 'all'}-results", Path(outputs_dir) / "tables")

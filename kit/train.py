@@ -10,10 +10,12 @@ import copy
 import csv
 import io
 import json
+import random
 import resource
 import shutil
 import time
 import traceback
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,8 @@ from kit.config import RunConfig
 from kit.data import (Examples, encode, length_grouped_batches, load_task_data, make_loader,
                       random_batches, sorted_batches)
 from kit.guiding import guiding_loss
-from kit.models import HeadSpec, SequenceModel, load_backbone, save_model, ssa_loss, target_loss
+from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, save_model, ssa_loss,
+                        target_loss)
 from kit.optim import parameter_groups
 from kit.ssa import build_epoch
 
@@ -49,20 +52,39 @@ def finished_metrics(cfg: RunConfig) -> dict | None:
     return None
 
 
+class RunLocked(RuntimeError):
+    pass
+
+
 def fit(cfg: RunConfig) -> dict:
     """Train and evaluate one config; returns metrics.json's content. A config that already
-    finished ok is not rerun (its results are never overwritten)."""
+    finished ok is not rerun (its results are never overwritten); a run killed earlier resumes
+    from its last checkpoint; a run another process is training is refused (RunLocked)."""
     done = finished_metrics(cfg)
     if done is not None:
         return done
     run_dir = run_dir_of(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise kio.OutputsError(f"cannot write to outputs folder {cfg.outputs_dir!r} "
+                               f"({err.strerror}); set outputs_dir to a writable folder") from None
+    with kio.FileLock(run_dir / ".lock") as locked:
+        if not locked:
+            raise RunLocked(f"{run_dir} is being trained by another process")
+        done = finished_metrics(cfg)       # it may have finished while we waited for the lock
+        if done is not None:
+            return done
+        return _fit_and_record(cfg, run_dir)
+
+
+def _fit_and_record(cfg: RunConfig, run_dir: Path) -> dict:
     kio.write_json(run_dir / "config.json", cfg.to_dict())
     base = {"run_id": cfg.run_id, "task": cfg.task, "model": cfg.model, "method": cfg.method,
             "seed": cfg.seed, "profile": cfg.profile}
     try:
         result = _fit(cfg, run_dir)
-    except BaseException as err:   # KeyboardInterrupt too: a killed run must say so
+    except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
         kio.write_json(run_dir / "metrics.json", {
             **base, "status": "failed", "error": f"{type(err).__name__}: {err}".splitlines()[0],
             "traceback": traceback.format_exc()[-4000:]})
@@ -130,18 +152,19 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         return _to_predictions(_predict_logits(model, examples, cfg.eval_batch_size, pad_id,
                                                accelerator), task.regression)
 
-    history, epochs, label_stats = [], [], []
-    walls = {"train": 0.0, "label_generation": 0.0, "eval": 0.0}
-    best, best_state, trained_examples, step = None, None, 0, 0
-    started = time.perf_counter()
-    for epoch in range(cfg.epochs):
+    progress = _resume(model, optimizer, run_dir) if cfg.save_checkpoints else None
+    progress = progress or Progress()
+    lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
+    walls = progress.walls
+    started = time.perf_counter() - progress.elapsed
+    for epoch in range(progress.epoch + 1, cfg.epochs):
         # (1) the epoch's examples: SSA probes with the model as it stands after epoch - 1
         t0 = time.perf_counter()
         epoch_set, stats = build_epoch(train, cfg, epoch, predict, task.regression,
                                        tokenizer.mask_token_id, run_dir)
         walls["label_generation"] += time.perf_counter() - t0
         if stats is not None:
-            label_stats.append(stats)
+            progress.label_stats.append(stats)
 
         # (2) train: dropout on (model.train() every epoch: probing and eval switch it off)
         t0 = time.perf_counter()
@@ -156,62 +179,123 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
             batch = _to_device(batch, accelerator)
             with accelerator.accumulate(model):
                 terms = _loss_terms(model, batch, cfg, task.regression)
-                loss = terms["loss"]
-                accelerator.backward(loss)
+                accelerator.backward(terms["loss"])
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                     lr = schedule.set_progress((epoch + (i + 1) / len(loader)) / cfg.epochs)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             running.append(torch.stack([v.detach() for v in terms.values()]))
-            step += 1
-            trained_examples += len(batch["labels"])
-            if step % cfg.log_every == 0 or i == len(loader) - 1:
+            progress.step += 1
+            progress.trained_examples += len(batch["labels"])
+            if progress.step % cfg.log_every == 0 or i == len(loader) - 1:
                 window = torch.stack(running).float()       # one host sync per log, not per step
                 running = []
-                _check_finite(window, list(terms), epoch, step)
-                mean = window.mean(0).tolist()
-                history.append({"step": step, "epoch": round(epoch + (i + 1) / len(loader), 4),
-                                "wall_s": round(time.perf_counter() - started, 3),
-                                **dict(zip(terms, mean)), "lr": lr})
+                _check_finite(window, list(terms), epoch, progress.step)
+                progress.history.append({
+                    "step": progress.step, "epoch": round(epoch + (i + 1) / len(loader), 4),
+                    "wall_s": round(time.perf_counter() - started, 3),
+                    **dict(zip(terms, window.mean(0).tolist())), "lr": lr})
         walls["train"] += time.perf_counter() - t0
 
-        # (3) evaluate on the full dev set(s); checkpoint last and best
+        # (3) evaluate on the full dev set(s); checkpoint best, then last with the loop state
         t0 = time.perf_counter()
         results = {name: (predict(ex), ex.labels) for name, ex in dev.items()}
         dev_metrics = kmetrics.evaluate_splits(task, results)
-        first = task.dev_splits[0]
         record = {"epoch": epoch, "dev": dev_metrics,
-                  "three_subset": kmetrics.three_subset_stats(task, *results[first]),
-                  "train_loss": history[-1]["loss"], "wall_s": round(time.perf_counter() - started, 3)}
-        epochs.append(record)
-        improved = best is None or dev_metrics["score"] > best["dev"]["score"]
+                  "three_subset": kmetrics.three_subset_stats(task, *results[task.dev_splits[0]]),
+                  "train_loss": progress.history[-1]["loss"],
+                  "wall_s": round(time.perf_counter() - started, 3)}
+        progress.epochs.append(record)
+        improved = progress.best is None or dev_metrics["score"] > progress.best["dev"]["score"]
+        unwrapped = accelerator.unwrap_model(model)
         if improved:
-            best = record
+            progress.best = record
             _write_dev_predictions(run_dir, task, data.dev, results)
-            if cfg.predict_test:
-                best_state = copy.deepcopy(accelerator.unwrap_model(model).state_dict())
+            if cfg.predict_test and not cfg.save_checkpoints:
+                best_in_memory = copy.deepcopy(unwrapped.state_dict())
+        _write_history(run_dir, progress.history)
+        walls["eval"] += time.perf_counter() - t0
+        progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
         if cfg.save_checkpoints and accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last")
             if improved:
                 _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "best")
-        _write_history(run_dir, history)
-        walls["eval"] += time.perf_counter() - t0
+            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last",
+                         state={"progress": asdict(progress), "optimizer": optimizer.state_dict(),
+                                "rng": _rng_state()})
 
     if cfg.predict_test and data.test:
-        accelerator.unwrap_model(model).load_state_dict(best_state)
+        best_weights = (load_trained(run_dir / "checkpoint" / "best")[0].state_dict()
+                        if cfg.save_checkpoints else best_in_memory)
+        accelerator.unwrap_model(model).load_state_dict(best_weights)
         for name, split in data.test.items():
             preds = predict(encode(tokenizer, split, cfg.max_length, task.regression))
             _write_test_predictions(run_dir, task, name, split, preds)
     walls["total"] = time.perf_counter() - started
-    return {"epochs": epochs, "best_epoch": best["epoch"], "best_dev": best["dev"],
-            "best_three_subset": best["three_subset"], "last_dev": epochs[-1]["dev"],
+    best = progress.best
+    return {"epochs": progress.epochs, "best_epoch": best["epoch"], "best_dev": best["dev"],
+            "best_three_subset": best["three_subset"], "last_dev": progress.epochs[-1]["dev"],
             "wall_s": {k: round(v, 3) for k, v in walls.items()},
-            "train_examples": trained_examples,
-            "train_examples_per_s": round(trained_examples / max(walls["train"], 1e-9), 2),
-            "peak_memory_mb": _peak_memory_mb(), "ssa_labels": label_stats,
+            "train_examples": progress.trained_examples,
+            "train_examples_per_s": round(progress.trained_examples / max(walls["train"], 1e-9), 2),
+            "peak_memory_mb": _peak_memory_mb(), "ssa_labels": progress.label_stats,
+            "resumed_after_epoch": progress.resumed_after_epoch,
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
+
+
+@dataclass
+class Progress:
+    """What the loop accumulates; saved with the last checkpoint so a killed run resumes."""
+    epoch: int = -1                    # last finished epoch
+    step: int = 0
+    trained_examples: int = 0
+    elapsed: float = 0.0
+    history: list = field(default_factory=list)
+    epochs: list = field(default_factory=list)
+    label_stats: list = field(default_factory=list)
+    walls: dict = field(default_factory=lambda: {"train": 0.0, "label_generation": 0.0, "eval": 0.0})
+    best: dict | None = None
+    resumed_after_epoch: int | None = None
+
+
+STATE_FILE = "trainer_state.pt"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _resume(model, optimizer, run_dir: Path) -> Progress | None:
+    """Load the last checkpoint's weights, optimizer, RNG and loop state, if there is one.
+    SSA labels need no saving: they are regenerated from the restored model and the (seed,
+    epoch)-seeded generator, exactly as the uninterrupted run drew them."""
+    last = run_dir / "checkpoint" / "last"
+    # a kill between the two renames of _save_atomic leaves only the previous copy, as .old
+    folder = next((f for f in (last, last.with_name("last.old")) if (f / STATE_FILE).exists()), None)
+    if folder is None:
+        return None
+    try:
+        state = torch.load(folder / STATE_FILE, weights_only=False)
+        model.load_state_dict(load_trained(folder)[0].state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+    except Exception as err:
+        raise CheckpointError(f"{folder} is corrupt ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}); delete "
+                              "that folder to restart the run from scratch") from None
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    if state["rng"]["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+    progress = Progress(**state["progress"])
+    progress.resumed_after_epoch = progress.epoch
+    return progress
 
 
 def _check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int) -> None:
@@ -285,13 +369,16 @@ def _to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
     return logits[:, 0] if regression else logits.argmax(-1)
 
 
-def _save_atomic(model, tokenizer, folder: Path) -> None:
+def _save_atomic(model, tokenizer, folder: Path, state: dict | None = None) -> None:
     """Write into a sibling temp folder, then swap it in: a crash never leaves a half checkpoint."""
     tmp = folder.with_name(folder.name + ".tmp")
     old = folder.with_name(folder.name + ".old")
-    for leftover in (tmp, old):
-        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if folder.exists():                    # else .old may be the only complete copy
+        shutil.rmtree(old, ignore_errors=True)
     save_model(model, tokenizer, tmp)
+    if state is not None:
+        torch.save(state, tmp / STATE_FILE)
     if folder.exists():
         folder.rename(old)
     tmp.rename(folder)

@@ -93,11 +93,12 @@ def test_missing_local_task_files_are_reported(tmp_path):
 
 
 def test_run_lock_is_exclusive(tmp_path):
-    with batch.RunLock(tmp_path) as first:
+    from kit.io import FileLock
+    with FileLock(tmp_path / ".lock") as first:
         assert first
-        with batch.RunLock(tmp_path) as second:
+        with FileLock(tmp_path / ".lock") as second:
             assert not second
-    with batch.RunLock(tmp_path) as again:
+    with FileLock(tmp_path / ".lock") as again:
         assert again
 
 

@@ -1,0 +1,323 @@
+"""Kaggle-style CSV tasks with k folds: fold assignment through the CSV loader, the fold knobs'
+validation, a tiny k-fold fit, the per-fold / out-of-fold report, the kaggle notebook through
+papermill and the shipped profiles (kaggle-stsb, guiding-rte)."""
+import json
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit import batch, report
+from kit.config import ConfigError, RunConfig
+from kit.data import load_task_data
+from kit.readers import DataError
+
+REPO = Path(__file__).resolve().parents[1]
+PAIRS = REPO / "tests" / "fixtures" / "stsb_pairs.csv"          # 200 real STS-B dev pairs
+TRAIN_1500 = REPO / "tests" / "fixtures" / "stsb_train_1500.csv"  # 1500 real STS-B train pairs
+CSV = dict(task="csv", csv_path=str(PAIRS), csv_text_columns=("sentence1", "sentence2"),
+           csv_target="score")
+
+
+def folds_of(n_folds=5, **extra):
+    """(train ids, dev ids) of every fold."""
+    out = []
+    for fold in range(n_folds):
+        data = load_task_data(RunConfig(**{**CSV, **extra}, n_folds=n_folds, fold=fold))
+        out.append((data.train.ids, data.dev["dev"].ids))
+    return out
+
+
+# ---------------------------------------------------------------- folds through the CSV loader
+
+def test_folds_are_deterministic_disjoint_and_cover_the_file():
+    all_ids = pd.read_csv(PAIRS, dtype=str)["id"].tolist()
+    folds = folds_of()
+    devs = [set(dev) for _, dev in folds]
+    assert sum(map(len, devs)) == len(all_ids) == 200
+    assert set().union(*devs) == set(all_ids)                     # covering
+    assert all(not (a & b) for i, a in enumerate(devs) for b in devs[i + 1:])   # disjoint
+    for train, dev in folds:                                      # train = every other row
+        assert not set(train) & set(dev) and len(train) + len(dev) == 200
+        assert len(dev) == 40
+    assert folds == folds_of()                                    # deterministic
+    assert folds == folds_of(seed=7)       # a property of the data: the same for every seed
+
+
+def test_regression_folds_are_stratified_on_the_target():
+    target = pd.read_csv(PAIRS)["score"]
+    for fold in range(5):
+        dev = load_task_data(RunConfig(**CSV, n_folds=5, fold=fold)).dev["dev"].labels
+        assert abs(dev.mean() - target.mean()) < 0.2 and dev.min() < 0.5 and dev.max() > 4.5
+
+
+def test_without_folds_the_seeded_80_20_split_is_kept():
+    data = load_task_data(RunConfig(**CSV))
+    assert len(data.dev["dev"]) == 40 and len(data.train) == 160
+    assert data.dev["dev"].ids != load_task_data(RunConfig(**CSV, seed=1)).dev["dev"].ids
+
+
+def test_max_train_examples_caps_fold_train_only():
+    data = load_task_data(RunConfig(**CSV, n_folds=5, fold=2, max_train_examples=50))
+    assert len(data.train) == 50 and len(data.dev["dev"]) == 40
+
+
+def write_csv(tmp_path, rows, header="text,label,fold") -> Path:
+    path = tmp_path / "data.csv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_given_fold_column_is_respected(tmp_path):
+    # fold values 1..3 (sorted distinct values become folds 0..2); labels are classes
+    rows = [f"row {i},{'pos' if i % 2 else 'neg'},{1 + i % 3}" for i in range(30)]
+    cfg = dict(task="csv", csv_path=str(write_csv(tmp_path, rows)), csv_text_columns=("text",),
+               csv_target="label", csv_regression=False, csv_fold_column="fold", n_folds=3)
+    for fold in range(3):
+        data = load_task_data(RunConfig(**cfg, fold=fold))
+        dev_rows = sorted(int(i) for i in data.dev["dev"].ids)
+        assert dev_rows == [i for i in range(30) if i % 3 == fold]
+        assert len(data.train) == 20 and data.task.labels == ("neg", "pos")
+
+
+def test_classification_folds_are_stratified(tmp_path):
+    rows = [f"text {i},{'a' if i < 80 else 'b'},0" for i in range(100)]   # 80 a, 20 b
+    cfg = dict(task="csv", csv_path=str(write_csv(tmp_path, rows)), csv_text_columns=("text",),
+               csv_target="label", csv_regression=False, n_folds=4)
+    for fold in range(4):
+        dev = load_task_data(RunConfig(**cfg, fold=fold)).dev["dev"]
+        assert np.bincount(dev.labels, minlength=2).tolist() == [20, 5]
+
+
+def test_fold_problems_name_the_file(tmp_path):
+    rows = [f"t{i},{i % 2},{i % 2}" for i in range(10)]                   # 2 fold values
+    path = write_csv(tmp_path, rows)
+    cfg = dict(task="csv", csv_path=str(path), csv_text_columns=("text",), csv_target="label",
+               csv_fold_column="fold", n_folds=3)
+    with pytest.raises(DataError, match="data.csv.*3 folds"):
+        load_task_data(RunConfig(**cfg))
+    with pytest.raises(DataError, match="no column 'split'"):
+        load_task_data(RunConfig(**{**cfg, "csv_fold_column": "split"}))
+
+
+# ---------------------------------------------------------------- config
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"n_folds": 1}, "n_folds"), ({"n_folds": -2}, "n_folds"),
+    ({"n_folds": 5, "fold": 5}, "fold"), ({"n_folds": 5, "fold": -1}, "fold"),
+    ({"fold": 1}, "fold"), ({"csv_fold_column": "fold"}, "csv_fold_column"),
+    ({"n_folds": "5"}, "n_folds"), ({"fold": 1.0, "n_folds": 5}, "fold")])
+def test_fold_knobs_are_validated(bad, needle):
+    with pytest.raises(ConfigError, match=needle):
+        RunConfig.from_dict({**CSV, **bad})
+
+
+def test_folds_only_for_csv_tasks():
+    with pytest.raises(ConfigError, match="n_folds.*csv"):
+        RunConfig.from_dict({"task": "RTE", "n_folds": 5})
+
+
+def test_fold_knobs_valid_and_in_the_run_id():
+    a = RunConfig.from_dict({**CSV, "n_folds": 5, "fold": 4, "csv_fold_column": "kfold"})
+    assert (a.n_folds, a.fold, a.csv_fold_column) == (5, 4, "kfold")
+    ids = {RunConfig.from_dict({**CSV, "n_folds": 5, "fold": f}).run_id for f in range(5)}
+    assert len(ids) == 5
+    # defaults leave the ids of earlier runs alone
+    assert RunConfig.from_dict({**CSV, "n_folds": 0, "fold": 0}).run_id == RunConfig(**CSV).run_id
+
+
+# ---------------------------------------------------------------- a tiny k-fold fit
+
+def test_tiny_fit_on_one_fold_of_the_csv_fixture(tmp_path):
+    from kit.train import fit, run_dir_of
+    cfg = RunConfig(**CSV, n_folds=5, fold=0, model="tiny", epochs=2, lr=1e-3, batch_size=16,
+                    layer_decay=0.9, save_checkpoints=False, outputs_dir=str(tmp_path))
+    m = fit(cfg)
+    assert m["status"] == "ok"
+    assert {"rmse", "mse", "pearson", "spearman"} <= set(m["best_dev"])
+    assert m["best_dev"]["mse"] == pytest.approx(m["best_dev"]["rmse"] ** 2)
+    dev = pd.read_csv(run_dir_of(cfg) / "predictions" / "dev.tsv", sep="\t", dtype={"index": str})
+    fold0 = load_task_data(cfg).dev["dev"].ids
+    assert sorted(dev["index"]) == sorted(fold0) and len(dev) == 40
+    oof = report.oof_predictions([run_dir_of(cfg)])
+    assert len(oof) == 40 and (oof["fold"] == 0).all()
+    assert report.fold_run_dirs(cfg)[0] == run_dir_of(cfg)
+
+
+# ---------------------------------------------------------------- report on hand-made runs
+
+def make_fold_run(root: Path, fold: int, preds: dict, n_folds=3, status="ok", seed=0, lr=1e-4,
+                  regression=True) -> Path:
+    """A k-fold run folder as fit() writes it: config.json, metrics.json, predictions/dev.tsv.
+    `preds`: CSV row id -> (prediction, label)."""
+    run_dir = root / f"csv-f{fold}-s{seed}-lr{lr}"
+    (run_dir / "predictions").mkdir(parents=True)
+    config = {**RunConfig(**CSV, n_folds=n_folds, fold=fold, seed=seed, lr=lr,
+                          csv_regression=regression).to_dict(), "outputs_dir": str(root)}
+    (run_dir / "config.json").write_text(json.dumps(config))
+    y = np.array([p[1] for p in preds.values()])
+    p = np.array([p[0] for p in preds.values()])
+    if regression:
+        dev = {"rmse": float(np.sqrt(np.mean((p - y) ** 2))), "mse": float(np.mean((p - y) ** 2)),
+               "pearson": float(np.corrcoef(p, y)[0, 1]) if len(y) > 1 else 0.0, "spearman": 0.5}
+        dev["score"] = -dev["rmse"]
+        fmt = "{:.4f}".format
+    else:
+        dev = {"accuracy": float(np.mean(p == y)), "f1_macro": 0.5}
+        dev["score"] = dev["accuracy"]
+        fmt = str
+    metrics = ({"status": "failed", "error": "boom", "task": "csv", "model": "minilm",
+                "method": "bert", "seed": seed} if status == "failed" else
+               {"status": "ok", "error": None, "task": "csv", "model": "minilm", "method": "bert",
+                "seed": seed, "best_epoch": 1, "best_dev": dev,
+                "best_three_subset": {"mean": dev["score"], "std": 0.0}})
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    rows = ["index\tprediction\tlabel"] + [f"{i}\t{fmt(a)}\t{fmt(b)}" for i, (a, b) in preds.items()]
+    (run_dir / "predictions" / "dev.tsv").write_text("\n".join(rows) + "\n")
+    return run_dir
+
+
+FOLD_PREDS = [{"r0": (1.0, 1.5), "r3": (2.0, 2.0)},
+              {"r1": (3.0, 4.0), "r4": (0.0, 0.5)},
+              {"r2": (2.5, 2.0), "r5": (4.0, 4.5)}]
+
+
+def test_fold_table_and_out_of_fold_score(tmp_path):
+    dirs = [make_fold_run(tmp_path, f, preds) for f, preds in enumerate(FOLD_PREDS)]
+    runs = report.load_runs(dirs)
+    table = report.fold_table(runs)
+    assert list(table["fold"][:3]) == ["0", "1", "2"]
+    assert table["fold"].iloc[3] == "mean ± std (n=3/3)"
+    rmse = runs.sort_values("fold")["rmse"]
+    assert table["rmse"].iloc[3] == f"{rmse.mean():.4f} ± {rmse.std():.4f}"
+    assert {"rmse", "mse", "pearson", "spearman"} <= set(table.columns)
+
+    oof = report.oof_predictions(dirs)
+    assert sorted(oof["index"]) == ["r0", "r1", "r2", "r3", "r4", "r5"]
+    assert oof["config_key"].nunique() == 1 and oof["prediction"].dtype == float
+    scores = report.oof_metrics(oof).iloc[0]
+    p = np.array([v[0] for d in FOLD_PREDS for v in d.values()])
+    y = np.array([v[1] for d in FOLD_PREDS for v in d.values()])
+    assert scores["rmse"] == pytest.approx(np.sqrt(np.mean((p - y) ** 2)))
+    assert scores["mse"] == pytest.approx(np.mean((p - y) ** 2))
+    assert scores["pearson"] == pytest.approx(np.corrcoef(p, y)[0, 1])
+    assert scores["folds"] == "3/3" and scores["complete"] and scores["rows"] == 6
+
+    tables = report.profile_tables(runs, varying=["fold"])
+    assert "Paper layout (Table 2)" not in tables
+    assert any(t.startswith("Folds") for t in tables) and any(t.startswith("Out-of-fold")
+                                                               for t in tables)
+    report.write_tables(tables, "kaggle", tmp_path / "tables")
+    assert "mean ± std (n=3/3)" in (tmp_path / "tables" / "kaggle.md").read_text()
+    # folds are dev sets of their own: never averaged over as if they were seeds
+    summary = report.summary_table(runs)
+    assert len(summary) == 3 and (summary["n_seeds"] == 1).all()
+    assert report.paper_table(runs).empty
+
+
+def test_failed_fold_and_mixed_fold_sets(tmp_path):
+    dirs = [make_fold_run(tmp_path, f, preds, status="failed" if f == 1 else "ok")
+            for f, preds in enumerate(FOLD_PREDS)]
+    table = report.fold_table(report.load_runs(dirs))
+    assert table["fold"].iloc[-1] == "mean ± std (n=2/3)"
+    assert list(table["status"][:3]) == ["ok", "failed", "ok"]
+    scores = report.oof_metrics(report.oof_predictions(dirs)).iloc[0]
+    assert scores["folds"] == "2/3" and not scores["complete"] and scores["rows"] == 4
+    # a second lr is a second set: two OOF rows, and the fold table needs by=["lr"]
+    other = [make_fold_run(tmp_path, f, preds, lr=2e-4) for f, preds in enumerate(FOLD_PREDS)]
+    runs = report.load_runs(dirs + other)
+    assert len(report.oof_metrics(report.oof_predictions(dirs + other))) == 2
+    with pytest.raises(ValueError, match="several OK runs for one fold"):
+        report.fold_table(runs)
+    assert len(report.fold_table(runs, by=["lr"])) == 8
+    # one row in two folds of one set: mixed fold assignments
+    bad = make_fold_run(tmp_path / "bad", 0, {"r0": (1.0, 1.5)})
+    clash = make_fold_run(tmp_path / "bad", 1, {"r0": (2.0, 1.5)})
+    with pytest.raises(ValueError, match="'r0'.*folds \\[0, 1\\]"):
+        report.oof_predictions([bad, clash])
+
+
+def test_oof_classification(tmp_path):
+    preds = [{"a": ("pos", "pos"), "b": ("neg", "pos")}, {"c": ("neg", "neg"), "d": ("pos", "pos")}]
+    dirs = [make_fold_run(tmp_path, f, p, n_folds=2, regression=False) for f, p in enumerate(preds)]
+    scores = report.oof_metrics(report.oof_predictions(dirs)).iloc[0]
+    assert scores["accuracy"] == 0.75 and scores["complete"]
+
+
+def make_glue_run(root: Path, run_id: str, seed: int, accuracy: float, guide_loss: str):
+    (root / run_id).mkdir(parents=True)
+    config = RunConfig(task="RTE", seed=seed, guide_loss=guide_loss).to_dict()
+    (root / run_id / "config.json").write_text(json.dumps(config))
+    dev = {"accuracy": accuracy, "score": accuracy}
+    (root / run_id / "metrics.json").write_text(json.dumps({
+        "status": "ok", "task": "RTE", "model": "minilm", "method": "bert", "seed": seed,
+        "best_epoch": 0, "best_dev": dev, "best_three_subset": {"mean": accuracy, "std": 0.0}}))
+
+
+def test_profile_tables_group_on_varying_knobs(tmp_path):
+    for seed in range(2):
+        make_glue_run(tmp_path, f"t{seed}", seed, 0.6 + seed / 100, "task")
+        make_glue_run(tmp_path, f"b{seed}", seed, 0.7 + seed / 100, "task+both")
+    runs = report.load_runs(tmp_path)
+    tables = report.profile_tables(runs, varying=["guide_loss", "seed"])
+    summary = tables["Summary (mean ± std over seeds)"].set_index("guide_loss")
+    assert summary.loc["task+both", "accuracy_mean"] == pytest.approx(0.705)
+    assert (summary["n_seeds"] == 2).all() and "Paper layout (Table 2)" not in tables
+
+
+# ---------------------------------------------------------------- notebook and profiles
+
+NOTEBOOK = REPO / "notebooks" / "kaggle_csv.ipynb"
+
+
+def test_kaggle_notebook_is_thin_and_clean():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and nb.cells[0].cell_type == "markdown"
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert all(c.get("id") for c in nb.cells)
+    assert not any(line.lstrip().startswith(("def ", "class ")) for c in code
+                   for line in c.source.splitlines())
+    names = {line.split("=")[0].strip() for line in tagged[0].source.splitlines()
+             if "=" in line}
+    # every parameter is a RunConfig field, and the profile sets every one of them, so the
+    # batch's run ids are the notebook's
+    fields = set(RunConfig.__dataclass_fields__)
+    assert names <= fields
+    point = batch.load_profile("kaggle-stsb").points[0]
+    assert names <= set(point)
+
+
+def test_kaggle_notebook_through_papermill(tmp_path):
+    import papermill as pm
+    out = tmp_path / "executed.ipynb"
+    pm.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3", progress_bar=False,
+                        parameters={"outputs_dir": str(tmp_path / "outputs"),
+                                    "csv_path": str(PAIRS)}, cwd=str(REPO))
+    runs = list((tmp_path / "outputs" / "runs").iterdir())
+    assert len(runs) == 1
+    metrics = json.loads((runs[0] / "metrics.json").read_text())
+    assert metrics["status"] == "ok" and "rmse" in metrics["best_dev"]
+    text = out.read_text()
+    assert "mean ± std (n=1/5)" in text and "1/5" in text
+
+
+def test_shipped_kaggle_and_guiding_profiles():
+    kaggle = batch.load_profile("kaggle-stsb")
+    assert [p["fold"] for p in kaggle.points] == [0, 1, 2, 3, 4]
+    assert kaggle.notebook == NOTEBOOK
+    cfgs = [RunConfig.from_dict(p) for p in kaggle.points]
+    assert all(c.n_folds == 5 and c.model == "minilm" and c.csv_regression for c in cfgs)
+    assert (REPO / cfgs[0].csv_path).resolve() == TRAIN_1500
+    assert TRAIN_1500.stat().st_size < 300_000
+    frame = pd.read_csv(TRAIN_1500)
+    assert len(frame) == 1500 and frame["id"].is_unique
+    assert frame["score"].between(0, 5).all()
+    guiding = batch.load_profile("guiding-rte")
+    grid = {(p["guide_loss"], p["seed"]) for p in guiding.points}
+    assert grid == {(g, s) for g in ("task", "task+both") for s in (0, 1, 2)}
+    assert all(p["task"] == "RTE" and p["model"] == "minilm" for p in guiding.points)

@@ -1,0 +1,129 @@
+"""Faults: a run SIGKILLed mid-epoch resumes to exactly the uninterrupted metrics; concurrent
+batches on one profile do not corrupt each other; dead kernels, corrupt checkpoints, unwritable
+outputs and a full disk give one clear line and no half-written files."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import batch
+from kit import io as kio
+from kit.config import RunConfig
+from kit.train import CheckpointError, RunLocked, fit, run_dir_of
+
+REPO = Path(__file__).resolve().parents[1]
+KILLABLE = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=1500, epochs=3,
+                lr=5e-3)
+
+
+def comparable(metrics: dict) -> dict:
+    """Everything but timings, memory and the resume marker."""
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+    return {"epochs": strip(metrics["epochs"]), "best_dev": metrics["best_dev"],
+            "best_epoch": metrics["best_epoch"], "train_examples": metrics["train_examples"],
+            "ssa_labels": strip(metrics["ssa_labels"])}
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(tmp_path):
+    killed = RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "killed"))
+    run = run_dir_of(killed)
+    script = f"from kit.config import RunConfig; from kit.train import fit; fit(RunConfig(**{killed.to_dict()!r}))"
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = run / "checkpoint" / "last" / "trainer_state.pt"
+    while not state.exists():
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.time() - started < 240
+        time.sleep(0.05)
+    first_epoch = time.time() - started
+    time.sleep(min(first_epoch / 4, 1.0))         # well inside epoch 1
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "metrics.json").exists()      # nothing claims to be finished
+
+    resumed = fit(killed)
+    assert resumed["status"] == "ok" and resumed["resumed_after_epoch"] in (0, 1)
+    straight = fit(RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "straight")))
+    assert straight["resumed_after_epoch"] is None
+    assert comparable(resumed) == comparable(straight)
+
+
+def test_corrupt_checkpoint_is_one_clear_line(tmp_path):
+    cfg = RunConfig(**{**KILLABLE, "synthetic_size": 100, "epochs": 1}, outputs_dir=str(tmp_path))
+    fit(cfg)
+    run = run_dir_of(cfg)
+    (run / "metrics.json").unlink()                 # pretend it was killed after the checkpoint
+    (run / "checkpoint" / "last" / "trainer_state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as err:
+        fit(cfg)
+    assert "is corrupt" in str(err.value) and "delete" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_run_held_by_another_process_is_refused(tmp_path):
+    cfg = RunConfig(**{**KILLABLE, "synthetic_size": 100, "epochs": 1}, outputs_dir=str(tmp_path))
+    with kio.FileLock(run_dir_of(cfg) / ".lock") as got:
+        assert got
+        with pytest.raises(RunLocked):
+            fit(cfg)
+
+
+def test_unwritable_outputs_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(kio.OutputsError, match="cannot write to outputs folder .*a-file/out"):
+        fit(RunConfig(**KILLABLE, outputs_dir=str(blocker / "out")))
+
+
+def test_full_disk_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "metrics.json"
+    target.write_text('{"status": "ok"}')
+    real_replace = os.replace
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(kio.OutputsError, match="disk full while writing .*metrics.json"):
+        kio.write_json(target, {"status": "failed"})
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert json.loads(target.read_text()) == {"status": "ok"}     # the old file is intact
+    assert list(tmp_path.iterdir()) == [target]                   # no temp file left
+
+
+def test_dead_kernel_is_recorded_as_failed(tmp_path, monkeypatch):
+    import papermill
+    from nbclient.exceptions import DeadKernelError
+
+    def die(*args, **kwargs):
+        raise DeadKernelError("Kernel died")
+
+    monkeypatch.setattr(papermill, "execute_notebook", die)
+    profile = batch.load_profile("smoke", str(tmp_path))
+    status, detail = batch.execute(profile, profile.points[0])
+    assert status == "failed" and "Kernel died" in detail
+    record = json.loads((run_dir_of(RunConfig.from_dict(profile.points[0])) / "metrics.json").read_text())
+    assert record["status"] == "failed" and "DeadKernelError" in record["error"]
+
+
+def test_two_batches_on_one_profile_at_once(tmp_path):
+    """Each run is trained by one batch; the other skips it; every result is complete."""
+    outputs = tmp_path / "out"
+    cmd = [sys.executable, "-m", "kit.batch", "smoke", "--outputs", str(outputs)]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for point in batch.load_profile("smoke", str(outputs)).points:
+        run = run_dir_of(RunConfig.from_dict(point))
+        assert json.loads((run / "metrics.json").read_text())["status"] == "ok"
+    assert not list(outputs.rglob("*.tmp"))
+    summaries = [o.strip().splitlines()[-1] for o in outs]
+    assert all("0 failed" in s for s in summaries), summaries
