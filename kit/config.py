@@ -135,8 +135,7 @@ class RunConfig:
                          if f.name not in self._NOT_IDENTITY
                          and getattr(self, f.name) != f.default})
         digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
-        task = self.task.replace("/", "_")
-        return f"{task}-{self.method}-s{self.seed}-{digest}"
+        return f"{self.task}-{self.method}-s{self.seed}-{digest}"
 
     @property
     def uses_ssa(self) -> bool:
@@ -219,6 +218,12 @@ def _check_values(cfg: RunConfig) -> None:
                           f"(n_folds={cfg.n_folds})")
     if not cfg.task:
         raise ConfigError("parameter 'task' is empty")
+    if cfg.task.lower() not in ("csv", "multitask"):
+        from kit.tasks import get_task
+        try:
+            get_task(cfg.task)
+        except ValueError as err:
+            raise ConfigError(f"parameter 'task': {err}") from None
     # multi-task: method embert/gated <=> task "multitask" <=> a non-empty `tasks` of known tasks
     multi = cfg.method in MULTITASK_METHODS
     if multi != (cfg.task == "multitask"):

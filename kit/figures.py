@@ -69,9 +69,19 @@ def _one_per_seed(runs: pd.DataFrame, keys: Sequence[str], what: str) -> None:
                          + " (other hyper-parameters vary): filter the runs to one configuration")
 
 
-def save_figure(fig, outputs_dir: str | os.PathLike = "outputs", name: str = "figure") -> Path:
-    """Write `fig` to `<outputs_dir>/figures/<name>.png` atomically; returns the path."""
-    path = Path(outputs_dir) / "figures" / f"{name}.png"
+def figure_name(kind: str, profile: str | None = None, task: str | None = None) -> str:
+    """A figure's default file stem: `<kind>[-<profile>][-<task>]` (a YAML path's stem), so
+    figures of different profiles do not overwrite each other."""
+    stem = Path(profile).stem if profile else ""
+    return "-".join(str(part).replace("/", "_") for part in (kind, stem, task) if part)
+
+
+def save_figure(fig, outputs_dir: str | os.PathLike = "outputs", name: str = "",
+                kind: str = "figure", profile: str | None = None, task: str | None = None
+                ) -> Path:
+    """Write `fig` to `<outputs_dir>/figures/<name>.png` atomically (tmp file + rename);
+    without a `name`, `figure_name(kind, profile, task)`. Returns the path."""
+    path = Path(outputs_dir) / "figures" / f"{name or figure_name(kind, profile, task)}.png"
     with kio.atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=150, bbox_inches="tight")
     return path
@@ -132,13 +142,17 @@ def gamma_baseline(runs: pd.DataFrame, metric: str = "score", baseline: str = "b
 
 
 def plot_gamma(points: pd.DataFrame, baseline: dict | None = None, ax=None,
-               title: str | None = None):
+               title: str | None = None, dodge: float = 0.012):
     """Fig. 7: dev metric against gamma, one line per method with error bars (std over seeds),
-    the baseline as a horizontal line with a mean ± std band."""
+    the baseline as a horizontal line with a mean ± std band. Methods are shifted sideways by
+    `dodge` x the gamma range so equal values stay visible."""
     fig, ax = _axes(ax, (6, 4))
-    for i, (method, rows) in enumerate(points.groupby("method", sort=False)):
+    groups = list(points.groupby("method", sort=False))
+    span = float(points["gamma"].max() - points["gamma"].min()) or 1.0
+    for i, (method, rows) in enumerate(groups):
         n = ", ".join(sorted({str(int(v)) for v in rows["n"]}))
-        ax.errorbar(rows["gamma"], rows["mean"], yerr=rows["std"].fillna(0), marker="o",
+        shift = dodge * span * (i - (len(groups) - 1) / 2)    # keep error bars apart
+        ax.errorbar(rows["gamma"] + shift, rows["mean"], yerr=rows["std"].fillna(0), marker="o",
                     capsize=3, color=_color(method, i), label=f"{_label(method)} (n={n})")
     if baseline is not None:
         ax.axhline(baseline["mean"], color=_color(baseline["method"]), linestyle="--",
@@ -192,7 +206,7 @@ def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS, loss:
     log10_loss is NaN where the loss is not positive."""
     ok = _ok(runs)
     ok = ok[ok["method"].isin(methods)] if len(ok) else ok
-    if seeds is not None and len(ok):
+    if seeds and len(ok):
         ok = ok[ok["seed"].isin(list(seeds))]
     if ok.empty:
         raise ValueError(f"cost figure: no finished runs of {', '.join(methods)}")
@@ -430,13 +444,13 @@ CASE_ROWS = (("vanilla_attention", "{vanilla}: [CLS] attention"),
              ("ssa_p_important", "{ssa}: P(important)"))
 
 
-def plot_case_study(data: pd.DataFrame, vanilla_label: str = "BERT-r",
-                    ssa_label: str = "SSA-H"):
+def plot_case_study(data: pd.DataFrame, vanilla: str = "bert", ssa: str = "ssa-h"):
     """Fig. 8: per sentence, a heatmap over its word-pieces of the vanilla model's and the SSA
     model's last-layer [CLS] attention (mean over heads) and the SSA scores (hybrid weights,
     P(important)); both models' predictions in the title. Colours are scaled per row (each
     row's maximum is full colour); the cells print the actual values."""
     import matplotlib.pyplot as plt
+    vanilla_label, ssa_label = _label(vanilla), _label(ssa)
     sentences = list(data.groupby("sentence_id", sort=True))
     width = max(6.0, 0.75 * max(len(rows) for _, rows in sentences) + 2.5)
     fig, axes = plt.subplots(len(sentences), 1, figsize=(width, 2.6 * len(sentences)),
@@ -474,4 +488,4 @@ def case_study_figure(outputs_dir: str | os.PathLike = "outputs", profile: str |
     runs = collect_runs(outputs_dir, profile, task=task or None, model=model or None)
     _single(_ok(runs[runs["method"].isin([vanilla, ssa])]), "task", "case study")
     data = case_study_data(find_run(runs, vanilla, seed), find_run(runs, ssa, seed), sentences)
-    return plot_case_study(data, _label(vanilla), _label(ssa))
+    return plot_case_study(data, vanilla, ssa)

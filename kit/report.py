@@ -135,7 +135,7 @@ def profile_run_dirs(profile: str, outputs_dir: str | os.PathLike = "outputs") -
 def collect_runs(outputs_dir: str | os.PathLike = "outputs", profile: str | None = None,
                  **where) -> pd.DataFrame:
     """`load_runs` over `<outputs_dir>/runs`, optionally one profile's runs and exact-match
-    filters on any column (`task="SST-2"`, `model="minilm"`; None values are ignored).
+    filters on any column (`task="SST-2"`, `model="minilm"`; None and "" are ignored).
 
     `profile` is a profile name in params/ or a YAML path: its grid's runs (by run id, see
     `profile_run_dirs`); any other string matches config.json's `profile` field. An empty
@@ -150,7 +150,7 @@ def collect_runs(outputs_dir: str | os.PathLike = "outputs", profile: str | None
     if by_field:
         df = df[df["profile"] == profile] if "profile" in df.columns else df.iloc[:0]
     for column, value in where.items():
-        if value is not None:
+        if value is not None and value != "":
             if column not in df.columns:
                 if df.empty:
                     continue
@@ -636,10 +636,10 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
     if not set(ok["task"]) & set(PAPER_TASKS):
         paper = None                    # no task of the paper's tables: no rows to compare
     tables = {"Paper layout": paper_table(selected, baseline=baseline, paper=paper or None),
-              "Summary (mean ± std over seeds)": summary_table(selected)}
+              "Summary over seeds": summary_table(selected)}
     selection = selection_table(df, candidate_keys=candidate_keys)
     if len(selection):
-        tables["Model selection (three-subset rule vs best dev)"] = selection
+        tables["Model selection"] = selection
     return tables
 
 
