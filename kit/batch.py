@@ -69,18 +69,22 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
                           f"allowed: {', '.join(sorted(PROFILE_KEYS))}")
-    grid = spec.get("grid") or {}
-    axes = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
-    points = []
-    for values in itertools.product(*axes.values()):
-        point = dict(zip(axes, values))
-        point.update((spec.get("task_overrides") or {}).get(point.get("task"), {}))
-        point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
-        try:
-            RunConfig.from_dict(point)          # validate every point before running any
-        except ConfigError as err:
-            raise ConfigError(f"{path}: {err}") from None
-        points.append(point)
+    grids = spec.get("grid") or {}
+    grids = grids if isinstance(grids, list) else [grids]   # a list of grids: their union
+    points, seen = [], set()
+    for grid in grids:
+        axes = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
+        for values in itertools.product(*axes.values()):
+            point = dict(zip(axes, values))
+            point.update((spec.get("task_overrides") or {}).get(point.get("task"), {}))
+            point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
+            try:
+                run_id = RunConfig.from_dict(point).run_id   # validate every point up front
+            except ConfigError as err:
+                raise ConfigError(f"{path}: {err}") from None
+            if run_id not in seen:           # grids of a list may overlap
+                seen.add(run_id)
+                points.append(point)
     notebook = REPO / "notebooks" / f"{spec.get('notebook', 'finetune')}.ipynb"
     if not notebook.exists():
         raise ConfigError(f"{path}: notebook {notebook.name} not found in notebooks/")
@@ -179,12 +183,10 @@ def collect(profile: Profile, outputs_dir: str) -> list[Path]:
     if not run_dirs:
         return []
     runs = report.load_runs(run_dirs)
-    tables = {"Summary (mean ± std over seeds)": report.summary_table(runs),
-              "Runs": runs}
-    ok = runs[runs["status"] == "ok"]
-    if len(ok) and "bert" in set(ok["method"]):
-        tables = {"Paper layout (Table 2)": report.paper_table(runs), **tables}
-    return report.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
+    varying = [k for k in dict.fromkeys(k for p in profile.points for k in p)
+               if len({json.dumps(p.get(k), sort_keys=True) for p in profile.points}) > 1]
+    return report.write_tables(report.profile_tables(runs, varying), profile.name,
+                               Path(outputs_dir) / "tables")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import typing
@@ -56,6 +57,7 @@ class RunConfig:
     freeze_layers: int = 0             # freeze the N lowest modules (embeddings count as the first)
     group_by_length: bool = True
     mixed_precision: str = "auto"      # auto (bf16/fp16 on GPU, none on CPU) | no | bf16 | fp16
+    compile: bool = False              # torch.compile the model (dynamic shapes); pays off on GPUs
     # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
     alpha: float = 0.7                 # loss = alpha * L_target + (1 - alpha) * L_SSA
     beta: float = 0.5                  # hybrid: R_o = beta * R_CLS + (1 - beta) * sum_i w_i R_i
@@ -111,7 +113,7 @@ class RunConfig:
                 close = difflib.get_close_matches(key, names, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"unknown parameter {key!r}{hint}")
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         coerced = {k: tuple(v) if hints[k] == tuple[str, ...] and isinstance(v, list) else v
                    for k, v in params.items()}
         return cls(**coerced)
@@ -142,6 +144,11 @@ class RunConfig:
         return self.method in SSA_METHODS
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)   # slow (ms); profiles validate thousands of points
+
+
 def _type_ok(value, hint) -> bool:
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -153,7 +160,7 @@ def _type_ok(value, hint) -> bool:
 
 
 def _check_types(cfg: RunConfig) -> None:
-    for name, hint in typing.get_type_hints(type(cfg)).items():
+    for name, hint in _hints(type(cfg)).items():
         value = getattr(cfg, name)
         if not _type_ok(value, hint):
             want = getattr(hint, "__name__", str(hint))

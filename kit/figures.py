@@ -176,6 +176,7 @@ def plot_gamma(points: pd.DataFrame, baseline: dict | None = None, ax=None,
 def gamma_figure(outputs_dir: str | os.PathLike = "outputs", profile: str | None = "gamma",
                  task: str | None = None, model: str | None = None, metric: str = "score",
                  methods: Sequence[str] = GAMMA_METHODS, baseline: str = "bert"):
+    """Fig. 7 in one call: collect a profile's runs (one task and model), then plot_gamma."""
     runs = collect_runs(outputs_dir, profile, task=task or None, model=model or None)
     return plot_gamma(gamma_points(runs, metric, methods), gamma_baseline(runs, metric, baseline))
 
@@ -268,6 +269,7 @@ def cost_figure(outputs_dir: str | os.PathLike = "outputs", profile: str | None 
                 task: str | None = None, model: str | None = None,
                 methods: Sequence[str] = COST_METHODS, loss: str = "loss",
                 seeds: Sequence[int] | None = None):
+    """Fig. 6 in one call: collect a profile's runs (one task), then plot_cost."""
     runs = collect_runs(outputs_dir, profile, task=task or None, model=model or None)
     return plot_cost(cost_curves(runs, methods, loss, seeds))
 
@@ -337,6 +339,7 @@ def plot_label_quality(frame: pd.DataFrame, ax=None, title: str | None = None):
 def label_quality_figure(outputs_dir: str | os.PathLike = "outputs",
                          profile: str | None = None, task: str | None = "synthetic",
                          model: str | None = None, methods: Sequence[str] = LABEL_METHODS):
+    """SSA label quality in one call: collect a profile's runs, then plot_label_quality."""
     runs = collect_runs(outputs_dir, profile, task=task or None, model=model or None)
     return plot_label_quality(label_quality(runs, methods))
 
@@ -485,6 +488,8 @@ def case_study_figure(outputs_dir: str | os.PathLike = "outputs", profile: str |
                       task: str | None = None, model: str | None = None,
                       sentences: Sequence[str] = PAPER_SENTENCES, seed: int | None = 0,
                       vanilla: str = "bert", ssa: str = "ssa-h"):
+    """Fig. 8 in one call: the best checkpoints of a profile's `vanilla` and `ssa` runs of one
+    task and seed, then plot_case_study."""
     runs = collect_runs(outputs_dir, profile, task=task or None, model=model or None)
     _single(_ok(runs[runs["method"].isin([vanilla, ssa])]), "task", "case study")
     data = case_study_data(find_run(runs, vanilla, seed), find_run(runs, ssa, seed), sentences)

@@ -66,8 +66,9 @@ def read_test_predictions(path: str | os.PathLike, task_name: str) -> pd.DataFra
     if bad is not None:
         raise SubmissionError(f"{path}: line {bad + 2} has {len(rows[bad])} fields, expected 2")
     frame = pd.DataFrame(rows, columns=list(HEADER), dtype=str)
-    if frame["index"].duplicated().any():
-        raise SubmissionError(f"{path}: duplicate index {frame['index'][frame['index'].duplicated()].iloc[0]!r}")
+    duplicated = frame["index"][frame["index"].duplicated()]
+    if len(duplicated):
+        raise SubmissionError(f"{path}: duplicate index {duplicated.iloc[0]!r}")
     if task.regression:
         values = pd.to_numeric(frame["prediction"], errors="coerce").to_numpy(dtype=float)
         if not np.isfinite(values).all():

@@ -154,6 +154,8 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
 
     progress = _resume(model, optimizer, run_dir) if cfg.save_checkpoints else None
     progress = progress or Progress()
+    if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
+        model = torch.compile(model, dynamic=True)
     lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
     walls = progress.walls
     started = time.perf_counter() - progress.elapsed

@@ -140,3 +140,21 @@ def test_main_reports_bad_profiles_in_one_line(capsys):
     assert batch.main(["no-such-profile"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown profile") and "\n" not in err
+
+
+def test_a_list_of_grids_is_their_union_without_duplicates(tmp_path):
+    path = write_profile(tmp_path, """
+grid:
+  - &base
+    task: RTE
+    method: bert
+    seed: [0, 1]
+  - <<: *base
+    method: [bert, ssa-h]
+    gamma: [0.6, 1.0]
+""")
+    points = batch.load_profile(str(path)).points
+    # bert x 2 seeds, then (bert, ssa-h) x 2 gammas x 2 seeds; bert at the default gamma 1.0 is
+    # the first grid's run again and is dropped
+    assert len(points) == 2 + 8 - 2
+    assert len({RunConfig.from_dict(p).run_id for p in points}) == len(points)

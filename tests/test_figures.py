@@ -1,0 +1,207 @@
+"""kit.figures' data extraction on hand-made run folders (config.json, metrics.json,
+history.csv as the training loop writes them), and the plots drawn from those frames."""
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+
+from kit import figures  # noqa: E402
+from kit.report import load_runs  # noqa: E402
+
+
+def make_run(root: Path, run_id: str, task="SST-2", method="bert", seed=0, score=0.8,
+             gamma=1.0, status="ok", history=None, ssa_labels=None, **config) -> Path:
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    cfg = {"task": task, "model": "minilm", "method": method, "seed": seed, "gamma": gamma,
+           "lr": 1e-4, "profile": "p", **config}
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    metrics = {"run_id": run_id, "task": task, "model": "minilm", "method": method,
+               "seed": seed, "status": status, "error": None if status == "ok" else "boom"}
+    if status == "ok":
+        dev = {"accuracy": score, "score": score}
+        metrics.update(best_epoch=0, best_dev=dev, epochs=[{"epoch": 0, "dev": dev}],
+                       best_three_subset={"mean": score, "std": 0.01, "subsets": [score] * 3},
+                       wall_s={"train": 8.0, "label_generation": 2.0, "eval": 1.0, "total": 11.0},
+                       ssa_labels=ssa_labels or [])
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    if history is not None:
+        pd.DataFrame(history).to_csv(run_dir / "history.csv", index=False)
+    return run_dir
+
+
+# ---------------------------------------------------------------- gamma (Fig. 7)
+
+@pytest.fixture
+def gamma_runs(tmp_path):
+    scores = {("ssa-h", 0.6): [0.80, 0.82, 0.84], ("ssa-h", 2.0): [0.85, 0.85, 0.85],
+              ("bert-mask", 0.6): [0.79, 0.81, 0.80], ("bert-mask", 2.0): [0.70, 0.72, 0.74]}
+    for (method, gamma), values in scores.items():
+        for seed, value in enumerate(values):
+            make_run(tmp_path, f"{method}-{gamma}-{seed}", method=method, gamma=gamma,
+                     seed=seed, score=value)
+    # the baseline crossed with gamma: per seed two identical-config runs, one sample each
+    for seed, value in enumerate([0.78, 0.80, 0.82]):
+        for gamma in (0.6, 2.0):
+            make_run(tmp_path, f"bert-{gamma}-{seed}", method="bert", gamma=gamma, seed=seed,
+                     score=value)
+    make_run(tmp_path, "failed", method="ssa-h", gamma=0.6, seed=3, status="failed")
+    return load_runs(tmp_path)
+
+
+def test_gamma_points_mean_std_over_seeds(gamma_runs):
+    points = figures.gamma_points(gamma_runs)
+    assert list(zip(points["method"], points["gamma"])) == [
+        ("bert-mask", 0.6), ("bert-mask", 2.0), ("ssa-h", 0.6), ("ssa-h", 2.0)]
+    row = points[(points["method"] == "ssa-h") & (points["gamma"] == 0.6)].iloc[0]
+    assert row["mean"] == pytest.approx(82.0) and row["std"] == pytest.approx(2.0)
+    assert row["n"] == 3                                 # the failed seed is not counted
+    assert row["label"] == "SSA-H" and row["task"] == "SST-2" and row["scale"] == 100
+    assert points.loc[points["gamma"] == 2.0, "std"].iloc[1] == pytest.approx(0.0)
+
+
+def test_gamma_baseline_counts_each_seed_once(gamma_runs):
+    base = figures.gamma_baseline(gamma_runs)
+    assert base["n"] == 3 and base["mean"] == pytest.approx(80.0)
+    assert base["std"] == pytest.approx(2.0) and base["label"] == "BERT-r"
+    assert figures.gamma_baseline(gamma_runs, baseline="none") is None
+
+
+def test_gamma_points_refuse_mixed_configurations_and_tasks(tmp_path, gamma_runs):
+    make_run(tmp_path, "other-lr", method="ssa-h", gamma=0.6, seed=0, lr=2e-5)
+    with pytest.raises(ValueError, match="several finished runs"):
+        figures.gamma_points(load_runs(tmp_path))
+    mixed = pd.concat([gamma_runs, gamma_runs.assign(task="RTE")])
+    with pytest.raises(ValueError, match="one task"):
+        figures.gamma_points(mixed)
+    with pytest.raises(ValueError, match="no finished runs"):
+        figures.gamma_points(gamma_runs[gamma_runs["method"] == "bert"])
+
+
+def test_plot_gamma_and_save_figure(tmp_path, gamma_runs):
+    fig = figures.plot_gamma(figures.gamma_points(gamma_runs),
+                             figures.gamma_baseline(gamma_runs))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "BERT-r (n=3)", "BERT-mask (n=3)", "SSA-H (n=3)"]
+    path = figures.save_figure(fig, tmp_path / "out", kind="gamma", profile="params/x.yaml",
+                               task="SST-2")
+    assert path == tmp_path / "out" / "figures" / "gamma-x-SST-2.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]       # no temp file left
+    assert figures.save_figure(fig, tmp_path, "named").name == "named.png"
+    matplotlib.pyplot.close("all")
+
+
+# ---------------------------------------------------------------- training cost (Fig. 6)
+
+def history(losses, targets=None, start=0.0):
+    rows = {"step": [10 * (i + 1) for i in range(len(losses))],
+            "epoch": [round((i + 1) / len(losses), 4) for i in range(len(losses))],
+            "wall_s": [start + 2.0 * (i + 1) for i in range(len(losses))], "loss": losses,
+            "lr": [1e-4] * len(losses)}
+    if targets is not None:
+        rows.update(loss_target=targets, loss_ssa=[0.1] * len(losses))
+    return rows
+
+
+def test_cost_curves_from_history(tmp_path):
+    make_run(tmp_path, "b", method="bert", history=history([0.7, 0.1, 0.0]))
+    make_run(tmp_path, "h", method="ssa-h", history=history([0.9, 0.5], targets=[0.8, 0.4]))
+    make_run(tmp_path, "h1", method="ssa-h", seed=1, history=history([1.0, 0.6], [0.9, 0.5]))
+    make_run(tmp_path, "co", method="ssa-co", history=history([0.5]))
+    runs = load_runs(tmp_path)
+    curves = figures.cost_curves(runs)
+    assert set(curves["method"]) == {"bert", "ssa-h"}                  # ssa-co not in Fig. 6
+    bert = curves[curves["run_id"] == "b"]
+    assert list(bert["wall_s"]) == [2.0, 4.0, 6.0] and list(bert["step"]) == [10, 20, 30]
+    assert bert["log10_loss"].iloc[1] == pytest.approx(-1.0)
+    assert math.isnan(bert["log10_loss"].iloc[2])                       # log of 0: left out
+    target = figures.cost_curves(runs, loss="loss_target", seeds=[0])
+    assert list(target.loc[target["method"] == "ssa-h", "loss"]) == [0.8, 0.4]
+    assert list(target.loc[target["method"] == "bert", "loss"]) == [0.7, 0.1, 0.0]  # = loss
+    assert set(target["seed"]) == {0}
+    with pytest.raises(ValueError, match="no column 'loss_x'"):
+        figures.cost_curves(runs, loss="loss_x")
+    fig = figures.plot_cost(curves)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["BERT-r", "SSA-H (2 seeds)"]
+    matplotlib.pyplot.close("all")
+
+
+def test_cost_summary_and_missing_history(tmp_path):
+    make_run(tmp_path, "h", method="ssa-h", history=history([0.9]))
+    make_run(tmp_path, "m", method="bert-mask")                        # no history.csv
+    runs = load_runs(tmp_path)
+    summary = figures.cost_summary(runs)
+    assert list(summary["method"]) == ["bert-mask", "ssa-h"]
+    assert summary["label_generation_share"].iloc[1] == pytest.approx(2 / 11, abs=1e-3)
+    with pytest.raises(ValueError, match="history.csv not found"):
+        figures.cost_curves(runs)
+
+
+# ---------------------------------------------------------------- SSA label quality
+
+def stats(epoch, cue, distractor):
+    return {"epoch": epoch, "rule": "paper", "probed": 100, "kept": 80, "variants": 80,
+            "flipped": 20, "flip_rate": 0.25, "labelled_tokens": 300, "share_label1": 0.2,
+            "cue_share_label1": cue, "distractor_share_label1": distractor}
+
+
+def test_label_quality_per_epoch(tmp_path):
+    make_run(tmp_path, "h0", task="synthetic", method="ssa-h",
+             ssa_labels=[stats(1, 0.6, 0.1), stats(2, 0.8, 0.05)])
+    make_run(tmp_path, "h1", task="synthetic", method="ssa-h", seed=1,
+             ssa_labels=[stats(1, 0.4, 0.3), stats(2, None, None)])
+    make_run(tmp_path, "m", task="synthetic", method="bert-mask",
+             ssa_labels=[{"epoch": 1, "augmented": 100}])
+    runs = load_runs(tmp_path)
+    frame = figures.label_quality(runs)
+    assert list(zip(frame["run_id"], frame["epoch"])) == [("h0", 1), ("h0", 2), ("h1", 1)]
+    assert frame["cue_share_label1"].tolist() == [0.6, 0.8, 0.4]
+    assert frame["distractor_share_label1"].tolist() == [0.1, 0.05, 0.3]
+    assert frame["kept"].tolist() == [80, 80, 80]
+    fig = figures.plot_label_quality(frame)
+    lines = fig.axes[0].get_legend().get_texts()
+    assert [t.get_text() for t in lines] == ["SSA-H: cue tokens (n=2)",
+                                             "SSA-H: distractors (n=2)"]
+    matplotlib.pyplot.close("all")
+    with pytest.raises(ValueError, match="no SSA label statistics"):
+        figures.label_quality(runs[runs["method"] == "bert-mask"], methods=("bert-mask",))
+
+
+# ---------------------------------------------------------------- case study (Fig. 8)
+
+def test_plot_case_study_from_a_frame():
+    tokens = ["a", "funny", "film"]
+    data = pd.DataFrame({
+        "sentence_id": 0, "sentence": "a funny film", "position": range(3), "token": tokens,
+        "vanilla_attention": [0.2, 0.5, 0.3], "ssa_attention": [0.3, 0.4, 0.3],
+        "ssa_weight": [0.1, 0.8, 0.1], "ssa_p_important": [0.2, 0.9, np.nan],
+        "vanilla_prediction": "negative", "vanilla_confidence": 0.6,
+        "ssa_prediction": "positive", "ssa_confidence": 0.9})
+    fig = figures.plot_case_study(data)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens
+    title = ax.get_title()
+    assert "BERT-r: negative (0.60)" in title and "SSA-H: positive (0.90)" in title
+    assert len(ax.get_yticklabels()) == 4
+    matplotlib.pyplot.close("all")
+
+
+def test_find_run_needs_a_checkpoint(tmp_path):
+    make_run(tmp_path, "b", method="bert", score=0.7)
+    runs = load_runs(tmp_path)
+    with pytest.raises(ValueError, match="save_checkpoints"):
+        figures.find_run(runs, "bert", seed=0)
+    with pytest.raises(ValueError, match="no finished run"):
+        figures.find_run(runs, "ssa-h")
+    (tmp_path / "b" / "checkpoint" / "best").mkdir(parents=True)
+    (tmp_path / "b" / "checkpoint" / "best" / "head_spec.json").write_text("{}")
+    assert figures.find_run(runs, "bert", seed=0) == tmp_path / "b"
