@@ -126,8 +126,11 @@ def execute(profile: Profile, point: dict) -> tuple[str, str]:
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
+        # the whole resolved config, not just the grid point: the notebook's own defaults (a
+        # smoke configuration) must not leak into the run, or its run id would differ from ours
+        parameters = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}
         pm.execute_notebook(str(profile.notebook), str(run_dir / "notebook.ipynb"),
-                            parameters=point, kernel_name="python3", progress_bar=False,
+                            parameters=parameters, kernel_name="python3", progress_bar=False,
                             cwd=str(REPO))
     except Exception as err:   # the notebook failed or its kernel died
         detail = _failure_reason(err)

@@ -211,7 +211,8 @@ class MultiTaskModel(nn.Module):
         finally:
             self._mask = None
         tokens = out.last_hidden_state
-        pooled = out.pooler_output if getattr(out, "pooler_output", None) is not None else tokens[:, 0]
+        pooled = getattr(out, "pooler_output", None)
+        pooled = tokens[:, 0] if pooled is None else pooled
         logits = self.heads[self._task](self.dropout(pooled))
         return {"logits": logits, "token_logits": None, "token_weights": None,
                 "attentions": out.attentions if output_attentions else None}

@@ -406,17 +406,18 @@ def fold_run_dirs(cfg: RunConfig) -> list[Path]:
 
 
 def oof_predictions(run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
-                    columns: Sequence[str] = ()) -> pd.DataFrame:
-    """Out-of-fold predictions: the dev predictions (predictions/dev.tsv, the best epoch) of
-    every finished k-fold run, one row per CSV row and configuration. Columns: config_key (the
-    config without its fold: one k-fold set), task, model, method, seed, the config fields in
+                    columns: Sequence[str] = (), epoch: int | None = None) -> pd.DataFrame:
+    """Out-of-fold predictions: the dev predictions of every finished k-fold run, one row per
+    CSV row and configuration: predictions/dev.tsv (the best epoch), or with `epoch` N
+    predictions/dev_epoch<N>.tsv (runs that save every epoch's predictions). Columns:
+    config_key (the config without its fold: one k-fold set), task, model, method, seed, the config fields in
     `columns`, n_folds, fold, run_id, index (the CSV's id or row number), prediction, label
     (floats for regression, label strings for classification).
 
     Runs that are not k-fold runs or did not end ok are left out. A CSV row in the dev
     predictions of two folds of one set (mixed fold assignments) is a ValueError. Note that
     best-epoch predictions are chosen on the fold itself (the usual Kaggle habit), so OOF
-    scores are slightly optimistic next to a fixed epoch count.
+    scores are slightly optimistic next to a fixed epoch count (`epoch`).
     """
     if isinstance(run_dirs, (str, os.PathLike)):
         root = Path(run_dirs)
@@ -429,9 +430,9 @@ def oof_predictions(run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
         config = _read_json(config_path)
         if int(config.get("n_folds") or 0) < 2 or _read_json(metrics_path).get("status") != "ok":
             continue
-        path = run_dir / "predictions" / "dev.tsv"
+        path = run_dir / "predictions" / ("dev.tsv" if epoch is None else f"dev_epoch{epoch}.tsv")
         if not path.exists():
-            raise ValueError(f"{path}: a finished k-fold run without dev predictions")
+            raise ValueError(f"{path}: a finished k-fold run without these dev predictions")
         pred = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, quoting=3)
         if config.get("csv_regression", True):
             pred[["prediction", "label"]] = pred[["prediction", "label"]].astype(float)

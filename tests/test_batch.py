@@ -158,3 +158,15 @@ grid:
     # the first grid's run again and is dropped
     assert len(points) == 2 + 8 - 2
     assert len({RunConfig.from_dict(p).run_id for p in points}) == len(points)
+
+
+def test_notebook_defaults_do_not_leak_into_the_run(tmp_path):
+    """The grid sets neither lr nor synthetic_size, whose finetune.ipynb defaults (a smoke run)
+    differ from RunConfig's: the notebook must still train exactly the runner's config."""
+    path = write_profile(tmp_path, "grid:\n  model: tiny\n  epochs: 1\n  synthetic_size: 2000\n")
+    outputs = tmp_path / "out"
+    assert batch.run_profile(str(path), outputs_dir=str(outputs)) == 0
+    cfg = RunConfig.from_dict(batch.load_profile(str(path), str(outputs)).points[0])
+    record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert record["status"] == "ok" and record["run_id"] == cfg.run_id
+    assert len(list((outputs / "runs").iterdir())) == 1

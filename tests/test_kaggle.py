@@ -217,6 +217,17 @@ def test_fold_table_and_out_of_fold_score(tmp_path):
     assert report.paper_table(runs).empty
 
 
+def test_oof_of_a_fixed_epoch(tmp_path):
+    dirs = [make_fold_run(tmp_path, f, preds) for f, preds in enumerate(FOLD_PREDS)]
+    with pytest.raises(ValueError, match="dev_epoch1.tsv"):
+        report.oof_predictions(dirs, epoch=1)
+    for d in dirs:     # what a run saving every epoch's predictions adds
+        (d / "predictions" / "dev_epoch1.tsv").write_text(
+            (d / "predictions" / "dev.tsv").read_text())
+    oof = report.oof_predictions(dirs, epoch=1)
+    assert len(oof) == 6 and oof.equals(report.oof_predictions(dirs))
+
+
 def test_failed_fold_and_mixed_fold_sets(tmp_path):
     dirs = [make_fold_run(tmp_path, f, preds, status="failed" if f == 1 else "ok")
             for f, preds in enumerate(FOLD_PREDS)]

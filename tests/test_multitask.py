@@ -125,7 +125,8 @@ def test_task_embedding_is_added_to_the_projection():
     with torch.no_grad():
         model.task_embeddings[1, 0, 0] = torch.arange(32.0)
         model(ids, mask, task=0)
-    expected = F.linear(seen["h"], attention.query.weight, attention.query.bias) + torch.arange(32.0)
+    expected = F.linear(seen["h"], attention.query.weight, attention.query.bias)
+    expected = expected + torch.arange(32.0)
     torch.testing.assert_close(seen["q"], expected)
 
 
@@ -300,4 +301,5 @@ def test_profile_points_keep_their_run_id_inside_the_notebook():
     points = batch.load_profile("multitask").points
     assert {p["method"] for p in points} == {"embert", "gated"}
     for point in points:
-        assert RunConfig.from_dict({**defaults, **point}).run_id == RunConfig.from_dict(point).run_id
+        in_notebook = RunConfig.from_dict({**defaults, **point})
+        assert in_notebook.run_id == RunConfig.from_dict(point).run_id
