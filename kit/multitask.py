@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from kit.optim import parameter_groups
 from kit.tasks import get_task
 from kit.train import (LinearSchedule, _accelerator, _check_finite, _label_text, _peak_memory_mb,
                        _predict_logits, _save_atomic, _to_device, _to_predictions, _write_history,
-                       finished_metrics, run_dir_of)
+                       run_recorded)
 
 SAMPLING = ("prop", "sqrt", "anneal", "round-robin")
 SELECTION = "mean of the tasks' dev scores"
@@ -135,36 +134,7 @@ def fit_multitask(cfg: RunConfig) -> dict:
     if cfg.method not in MULTITASK_METHODS:
         raise ConfigError(f"parameter 'method': fit_multitask runs {', '.join(MULTITASK_METHODS)}, "
                           f"not {cfg.method!r} (use kit.train.fit)")
-    done = finished_metrics(cfg)
-    if done is not None:
-        return done
-    run_dir = run_dir_of(cfg)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise kio.OutputsError(f"cannot write to outputs folder {cfg.outputs_dir!r} "
-                               f"({err.strerror}); set outputs_dir to a writable folder") from None
-    with kio.FileLock(run_dir / ".lock") as locked:
-        if not locked:
-            from kit.train import RunLocked
-            raise RunLocked(f"{run_dir} is being trained by another process")
-        done = finished_metrics(cfg)
-        if done is not None:
-            return done
-        kio.write_json(run_dir / "config.json", cfg.to_dict())
-        base = {"run_id": cfg.run_id, "task": cfg.task, "tasks": list(cfg.tasks),
-                "model": cfg.model, "method": cfg.method, "seed": cfg.seed, "profile": cfg.profile}
-        try:
-            result = _fit_multitask(cfg, run_dir)
-        except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
-            kio.write_json(run_dir / "metrics.json", {
-                **base, "status": "failed",
-                "error": f"{type(err).__name__}: {err}".splitlines()[0],
-                "traceback": traceback.format_exc()[-4000:]})
-            raise
-        metrics = {**base, "status": "ok", "error": None, **result}
-        kio.write_json(run_dir / "metrics.json", metrics)
-        return metrics
+    return run_recorded(cfg, _fit_multitask)
 
 
 def _task_config(cfg: RunConfig, name: str) -> RunConfig:

@@ -486,12 +486,15 @@ def oof_metrics(oof: pd.DataFrame, columns: Sequence[str] = ()) -> pd.DataFrame:
 def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
     """The tables of one profile's runs, for write_tables. `varying`: the grid axes with more
     than one value. Axes other than task/model/method/seed/fold are grouped on (so e.g.
-    guide_loss task vs task+both are two summary rows, not two runs of one seed). A fold axis
+    guide_loss task vs task+both are two summary rows, not two runs of one seed), unless they
+    do not change results (glue_dir, outputs_dir ...) or only vary between tasks. A fold axis
     gives the per-fold table (mean ± std over folds) and the out-of-fold table instead of the
     over-seeds summary. The paper layout is added when the grid varies only task / method /
     seed / model and has the bert baseline."""
-    fixed = {"task", "model", "method", "seed", "fold"}
-    by = [k for k in varying if k not in fixed and k in runs.columns]
+    fixed = {"task", "model", "method", "seed", "fold", *RunConfig._NOT_IDENTITY}
+    # a knob set per task (task_overrides, e.g. beta) is part of the task, not a grouping axis
+    by = [k for k in varying if k not in fixed and k in runs.columns
+          and runs.groupby("task", dropna=False)[k].nunique(dropna=False).max() > 1]
     ok = runs[runs["status"] == "ok"]
     tables: dict[str, pd.DataFrame] = {}
     if len(ok) and "bert" in set(ok["method"]) and not by and "fold" not in varying:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from kit import io as kio
 from kit import metrics as kmetrics
-from kit.config import RunConfig
+from kit.config import MULTITASK_METHODS, RunConfig
 from kit.data import (Examples, encode, length_grouped_batches, load_task_data, make_loader,
                       random_batches, sorted_batches)
 from kit.guiding import guiding_loss
@@ -57,9 +57,18 @@ class RunLocked(RuntimeError):
 
 
 def fit(cfg: RunConfig) -> dict:
-    """Train and evaluate one config; returns metrics.json's content. A config that already
-    finished ok is not rerun (its results are never overwritten); a run killed earlier resumes
-    from its last checkpoint; a run another process is training is refused (RunLocked)."""
+    """Train and evaluate one config; returns metrics.json's content (see run_recorded)."""
+    if cfg.method in MULTITASK_METHODS:
+        from kit.multitask import fit_multitask   # lazy: kit.multitask imports kit.train
+        return fit_multitask(cfg)
+    return run_recorded(cfg, _fit)
+
+
+def run_recorded(cfg: RunConfig, body) -> dict:
+    """The frame of every run: a config that already finished ok is not rerun (its results are
+    never overwritten); one process trains a run at a time (RunLocked otherwise); config.json
+    first, then metrics.json with status ok, or failed and the error. `body(cfg, run_dir)`
+    trains and returns the metrics; a run killed earlier resumes inside it."""
     done = finished_metrics(cfg)
     if done is not None:
         return done
@@ -75,23 +84,20 @@ def fit(cfg: RunConfig) -> dict:
         done = finished_metrics(cfg)       # it may have finished while we waited for the lock
         if done is not None:
             return done
-        return _fit_and_record(cfg, run_dir)
-
-
-def _fit_and_record(cfg: RunConfig, run_dir: Path) -> dict:
-    kio.write_json(run_dir / "config.json", cfg.to_dict())
-    base = {"run_id": cfg.run_id, "task": cfg.task, "model": cfg.model, "method": cfg.method,
-            "seed": cfg.seed, "profile": cfg.profile}
-    try:
-        result = _fit(cfg, run_dir)
-    except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
-        kio.write_json(run_dir / "metrics.json", {
-            **base, "status": "failed", "error": f"{type(err).__name__}: {err}".splitlines()[0],
-            "traceback": traceback.format_exc()[-4000:]})
-        raise
-    metrics = {**base, "status": "ok", "error": None, **result}
-    kio.write_json(run_dir / "metrics.json", metrics)
-    return metrics
+        kio.write_json(run_dir / "config.json", cfg.to_dict())
+        base = {"run_id": cfg.run_id, "task": cfg.task, "model": cfg.model,
+                "method": cfg.method, "seed": cfg.seed, "profile": cfg.profile,
+                **({"tasks": list(cfg.tasks)} if cfg.tasks else {})}
+        try:
+            result = body(cfg, run_dir)
+        except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
+            kio.write_json(run_dir / "metrics.json", {
+                **base, "status": "failed", "error": f"{type(err).__name__}: {err}".splitlines()[0],
+                "traceback": traceback.format_exc()[-4000:]})
+            raise
+        metrics = {**base, "status": "ok", "error": None, **result}
+        kio.write_json(run_dir / "metrics.json", metrics)
+        return metrics
 
 
 def _accelerator(cfg: RunConfig):

@@ -276,6 +276,12 @@ def test_profile_tables_group_on_varying_knobs(tmp_path):
     summary = tables["Summary (mean ± std over seeds)"].set_index("guide_loss")
     assert summary.loc["task+both", "accuracy_mean"] == pytest.approx(0.705)
     assert (summary["n_seeds"] == 2).all() and "Paper layout (Table 2)" not in tables
+    # knobs that do not change results, or that are set per task, are no grouping axes
+    plain = report.load_runs([tmp_path / "t0", tmp_path / "t1"])
+    assert "Paper layout (Table 2)" in report.profile_tables(
+        plain.assign(glue_dir=["a", "b"]), varying=["glue_dir", "seed"])
+    beta = plain.assign(task=["RTE", "WNLI"], beta=[0.5, 0.9])
+    assert "Paper layout (Table 2)" in report.profile_tables(beta, varying=["task", "beta"])
 
 
 # ---------------------------------------------------------------- notebook and profiles
