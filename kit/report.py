@@ -55,6 +55,22 @@ def _scalars(config: dict, prefix: str = "") -> dict:
     return flat
 
 
+def _run_rows(run_dir: Path) -> list[dict]:
+    """The run's row; a multi-task run (metrics `per_task`) gives one row per task instead, so
+    EmBERT / Gated sit next to the single-task methods in every per-task table."""
+    row = _run_row(run_dir)
+    metrics_path = run_dir / "metrics.json"
+    per_task = _read_json(metrics_path).get("per_task") if metrics_path.exists() else None
+    if not per_task:
+        return [row]
+    three = _read_json(metrics_path).get("per_task_three_subset") or {}
+    shared = {k: v for k, v in row.items() if "/" not in k}
+    return [{**shared, "task": name, **values, "multitask_run": row["run_id"],
+             "three_subset_mean": three.get(name, {}).get("mean"),
+             "three_subset_std": three.get(name, {}).get("std")}
+            for name, values in per_task.items()]
+
+
 def _run_row(run_dir: Path) -> dict:
     """One table row from one run folder (see `load_runs`)."""
     config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.json"
@@ -106,7 +122,7 @@ def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     if isinstance(run_dirs, (str, os.PathLike)):
         root = Path(run_dirs)
         run_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    df = pd.DataFrame([_run_row(Path(d)) for d in run_dirs])
+    df = pd.DataFrame([row for d in run_dirs for row in _run_rows(Path(d))])
     for column in _BASE_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan

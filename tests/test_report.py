@@ -331,3 +331,21 @@ def test_paper_rows_are_verbatim_from_the_paper():
     for rows in PAPER_RESULTS.values():
         for row in rows:
             assert row.text.replace(" | ", "\t") in printed, row.name
+
+
+def test_a_multitask_run_gives_one_row_per_task(tmp_path):
+    run = tmp_path / "multitask-embert-s0-abc"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"task": "multitask", "method": "embert",
+                                                 "seed": 0, "model": "minilm"}))
+    (run / "metrics.json").write_text(json.dumps({
+        "run_id": run.name, "task": "multitask", "method": "embert", "seed": 0, "model": "minilm",
+        "status": "ok", "best_dev": {"score": 0.6, "RTE/accuracy": 0.55, "SST-2/accuracy": 0.65},
+        "per_task": {"RTE": {"accuracy": 0.55, "score": 0.55},
+                     "SST-2": {"accuracy": 0.65, "score": 0.65}},
+        "per_task_three_subset": {"RTE": {"mean": 0.54, "std": 0.02},
+                                  "SST-2": {"mean": 0.66, "std": 0.01}}}))
+    df = load_runs([run])
+    assert list(df["task"]) == ["RTE", "SST-2"] and set(df["method"]) == {"embert"}
+    assert list(df["score"]) == [0.55, 0.65] and list(df["three_subset_mean"]) == [0.54, 0.66]
+    assert not any("/" in c for c in df.columns)
