@@ -94,12 +94,13 @@ class RunConfig:
     outputs_dir: str = "outputs"
     save_checkpoints: bool = True
     predict_test: bool = False
+    save_epoch_predictions: bool = False   # predictions/dev_epoch<N>.tsv every epoch (OOF per epoch)
     log_every: int = 10
     profile: str = ""
 
     # fields that do not change what is computed; they stay out of the run id
     _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "save_labels", "profile",
-                     "log_every", "eval_batch_size")
+                     "log_every", "eval_batch_size", "save_epoch_predictions")
 
     def __post_init__(self):
         _check_types(self)

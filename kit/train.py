@@ -210,6 +210,8 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         t0 = time.perf_counter()
         results = {name: (predict(ex), ex.labels) for name, ex in dev.items()}
         dev_metrics = kmetrics.evaluate_splits(task, results)
+        if cfg.save_epoch_predictions:   # the CommonLit recipe: every epoch's eval predictions
+            _write_dev_predictions(run_dir, task, data.dev, results, suffix=f"_epoch{epoch}")
         record = {"epoch": epoch, "dev": dev_metrics,
                   "three_subset": kmetrics.three_subset_stats(task, *results[task.dev_splits[0]]),
                   "train_loss": progress.history[-1]["loss"],
@@ -405,15 +407,16 @@ def _write_history(run_dir: Path, history: list[dict]) -> None:
 
 
 def _label_text(task, value) -> str:
-    return f"{float(value):.4f}" if task.regression else task.labels[int(value)]
+    return f"{float(value):.7g}" if task.regression else task.labels[int(value)]
 
 
-def _write_dev_predictions(run_dir: Path, task, splits: dict, results: dict) -> None:
+def _write_dev_predictions(run_dir: Path, task, splits: dict, results: dict,
+                           suffix: str = "") -> None:
     for name, (preds, labels) in results.items():
         rows = ["index\tprediction\tlabel"] + [
             f"{i}\t{_label_text(task, p)}\t{_label_text(task, y)}"
             for i, p, y in zip(splits[name].ids, preds, labels)]
-        kio.write_text(run_dir / "predictions" / f"{name}.tsv", "\n".join(rows) + "\n")
+        kio.write_text(run_dir / "predictions" / f"{name}{suffix}.tsv", "\n".join(rows) + "\n")
 
 
 def _write_test_predictions(run_dir: Path, task, name: str, split, preds: np.ndarray) -> None:

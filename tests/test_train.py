@@ -115,3 +115,11 @@ def test_real_stsb_regression_ssa_h(glue_dir, tmp_path):
     assert np.isfinite(m["best_dev"]["pearson"])
     test = (run_dir_of(cfg) / "predictions" / "test.tsv").read_text().splitlines()
     assert test[0] == "index\tprediction" and len(test) == 1 + 1379
+
+
+def test_epoch_predictions_for_out_of_fold_tables(tmp_path):
+    cfg = RunConfig(**TINY, save_epoch_predictions=True, outputs_dir=str(tmp_path))
+    fit(cfg)
+    for epoch in range(2):
+        rows = (run_dir_of(cfg) / "predictions" / f"dev_epoch{epoch}.tsv").read_text().splitlines()
+        assert rows[0] == "index\tprediction\tlabel" and len(rows) == 101
