@@ -123,3 +123,11 @@ def test_epoch_predictions_for_out_of_fold_tables(tmp_path):
     for epoch in range(2):
         rows = (run_dir_of(cfg) / "predictions" / f"dev_epoch{epoch}.tsv").read_text().splitlines()
         assert rows[0] == "index\tprediction\tlabel" and len(rows) == 101
+
+
+def test_ssa_h_with_both_attention_guiding_losses(tmp_path):
+    cfg = RunConfig(**TINY, method="ssa-h", guide_loss="task+both", outputs_dir=str(tmp_path))
+    m = fit(cfg)
+    header = (run_dir_of(cfg) / "history.csv").read_text().splitlines()[0].split(",")
+    assert m["status"] == "ok"
+    assert {"loss", "loss_target", "loss_ssa", "loss_pd", "loss_md"} <= set(header)
