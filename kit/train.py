@@ -152,7 +152,6 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
                                   lr=cfg.lr, fused=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
-    lr = schedule.set_progress(0.0)
 
     def predict(examples: Examples) -> np.ndarray:
         return _to_predictions(_predict_logits(model, examples, cfg.eval_batch_size, pad_id,
