@@ -204,7 +204,7 @@ def test_paper_profiles_hold_the_papers_settings():
     gamma = batch.load_profile("gamma").points
     assert {p.get("gamma", 1.0) for p in gamma} >= {0.6, 1.0, 2.0} and {p["task"] for p in gamma} == {
         "SST-2"}
-    assert {p["max_train_examples"] for p in gamma} == {2000}
+    assert {p["max_train_examples"] for p in gamma} == {1000}
     for name, models in (("paper-large", {"bert-large-uncased"}),
                          ("roberta", {"roberta-base", "roberta-large"})):
         points = batch.load_profile(name).points
