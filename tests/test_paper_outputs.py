@@ -214,6 +214,12 @@ def test_paper_profiles_hold_the_papers_settings():
     small = batch.load_profile("paper-small").points
     assert {p["task"] for p in small} == {"RTE", "CoLA", "STS-B", "MRPC"}
     assert len(small) == 4 * 4 * 5 and {p["epochs"] for p in small} == {3}
+    # the CPU run behind RESULTS.md: paper-small's points, only capped in training rows
+    cpu = batch.load_profile("paper-small-cpu").points
+    drop = ("profile", "max_train_examples")
+    full = [{k: v for k, v in p.items() if k not in drop} for p in small]
+    assert len(cpu) == 2 * 4 * 3 and all(
+        {k: v for k, v in p.items() if k not in drop} in full for p in cpu)
 
 
 def test_one_call_figures(outputs):
