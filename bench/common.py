@@ -27,7 +27,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", default="RTE", help="GLUE task read from $GLUE_DIR (RTE, SST-2 ...)")
     p.add_argument("--model", default="minilm",
-                   help="minilm (embedded) or a local Hugging Face folder")
+                   help="minilm (embedded), a local Hugging Face folder, or bert-base-random / "
+                        "bert-large-random: that architecture with random weights, built from its "
+                        "config (no network; for throughput on a GPU, not for dev metrics)")
     p.add_argument("--max-train", type=int, default=0,
                    help="first N train rows of the kit's fixed shuffle; 0 = all")
     p.add_argument("--epochs", type=int, default=3)
@@ -46,12 +48,40 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 def parse(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespace:
-    """Parse; with --quick the `quick` sizes replace the defaults (flags given explicitly win)."""
+    """Parse; with --quick the `quick` sizes replace the defaults (flags given explicitly win).
+    A random-weights model name becomes the folder built for it, which the children then load."""
     args = parser.parse_args()
     if args.quick and not args.child:
         parser.set_defaults(**quick)
         args = parser.parse_args()
+    if args.model in RANDOM_MODELS and not args.child:
+        args.model = build_random_model(args.model)
     return args
+
+
+# BERT-base / BERT-large sizes (BertConfig's defaults are BERT-base's)
+RANDOM_MODELS = {"bert-base-random": {},
+                 "bert-large-random": {"hidden_size": 1024, "num_hidden_layers": 24,
+                                       "num_attention_heads": 16, "intermediate_size": 4096}}
+
+
+def build_random_model(name: str) -> str:
+    """outputs/bench/models/<name>: a BERT of that size with random weights and the embedded
+    model's tokenizer (the bert-base-uncased vocabulary), saved once as a Hugging Face folder."""
+    from transformers import BertConfig, BertModel
+    from kit.models import load_tokenizer
+    folder = REPO / "outputs" / "bench" / "models" / name
+    if not (folder / "config.json").exists():
+        tokenizer = load_tokenizer("minilm")
+        BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **RANDOM_MODELS[name])
+                  ).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def model_dir(name: str) -> str:
+    from kit.models import embedded_model_dir
+    return str(embedded_model_dir()) if name == "minilm" else name
 
 
 SHARED = ("task", "model", "max_train", "epochs", "batch_size", "max_length", "lr", "seed",
@@ -171,6 +201,50 @@ def kit_config(args: argparse.Namespace, outputs_dir: str, **overrides):
                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                      weight_decay=0.01, warmup_ratio=0.1, outputs_dir=outputs_dir,
                      save_checkpoints=False, **overrides)
+
+
+def matmul_peak(size: int = 2048, seconds: float = 3.0) -> dict:
+    """Measured matrix-multiply peak of this process (its torch threads): fp32 on a CPU, bf16
+    (else fp16) on a GPU - the precision the kit trains in there. The ceiling that useful
+    FLOP/s is set against, taken in the same run as the contenders."""
+    import torch
+    cuda = torch.cuda.is_available()
+    dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda \
+        else torch.float32
+    device = "cuda" if cuda else "cpu"
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    out = torch.empty_like(a)
+
+    def timed(n):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.mm(a, b, out=out)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    timed(2)                                                     # warm-up
+    n = max(3, int(seconds / max(timed(3) / 3, 1e-6)))
+    return {"flops_per_s": 2 * size ** 3 * n / timed(n), "dtype": str(dtype).split(".")[1],
+            "size": size}
+
+
+def training_flops(model_dir: str, lengths, epochs: int) -> float:
+    """Model FLOPs of training on sequences of these real lengths, padding not counted:
+    per layer 2 FLOPs per weight per token (Q, K, V, output, two feed-forward matrices) plus
+    attention's scores and weighted sum (2 x 2 L^2 d), plus the pooler once per sequence;
+    training = forward + backward = 3x forward. Embedding lookups and element-wise ops are
+    not counted (the usual model-FLOPs convention)."""
+    import numpy as np
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(model_dir)
+    d, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    lengths = np.asarray(lengths, dtype=float)
+    forward = layers * (2 * (4 * d * d + 2 * d * ff) * lengths.sum()
+                        + 4 * d * (lengths ** 2).sum()) + 2 * d * d * len(lengths)
+    return 3 * forward * epochs
 
 
 def check_environment() -> None:

@@ -53,13 +53,23 @@ def main() -> None:
         raise SystemExit(f"unknown contender(s) {sorted(unknown)}" if unknown else
                          "--model tiny is kit-only; give a Hugging Face folder (or minilm)")
     meta = common.print_header("Trainer vs kit")
-    padding = padding_shares(args)
+    padding, lengths = padding_shares(args)
+    useful_flops = common.training_flops(common.model_dir(args.model), lengths, args.epochs)
+    common.setup_child(args)                 # the peak with the contenders' thread count
+    peak = common.matmul_peak()
+    print(f"matmul peak: {peak['flops_per_s'] / 1e9:,.1f} GFLOP/s ({peak['dtype']}, "
+          f"{peak['size']}x{peak['size']}); useful training FLOPs: {useful_flops:.3e}",
+          flush=True)
     results = {}
     for name in names:
         results[name] = common.run_child(__file__, common.child_argv(args), name)
         results[name]["real_token_share"] = padding[BATCHING[name]]
-    report(args, results, padding)
+        results[name]["useful_flops_per_s"] = useful_flops / results[name]["train_s"]
+        results[name]["share_of_matmul_peak"] = round(
+            results[name]["useful_flops_per_s"] / peak["flops_per_s"], 4)
+    report(args, results, padding, peak)
     common.dump_json(args.json, {**meta, "settings": vars(args), "padding": padding,
+                                 "matmul_peak": peak, "useful_training_flops": useful_flops,
                                  "results": results})
 
 
@@ -180,18 +190,19 @@ def padding_shares(args) -> dict:
         share[name] = round(real / padded, 4)
     share["mean_length"] = round(float(lengths.mean()), 1)
     share["train_rows"] = n
-    return share
+    return share, lengths
 
 
 # ----------------------------------------------------------------------------- report
 
-def report(args, results: dict, padding: dict) -> None:
+def report(args, results: dict, padding: dict, peak: dict) -> None:
     rows = []
     for name, r in results.items():
         r["examples_per_s"] = round(r["train_examples"] / r["train_s"], 2)
         r["epoch_s"] = round(r["train_s"] / args.epochs, 3)
         rows.append([name, r["examples_per_s"], r["epoch_s"], r["eval_s"],
-                     common.memory_mb(r), r["real_token_share"],
+                     common.memory_mb(r), f"{r['real_token_share']:.1%}",
+                     r["useful_flops_per_s"] / 1e9, f"{r['share_of_matmul_peak']:.1%}",
                      r["dev_metric"], r["process_wall_s"]])
     memory = "peak GPU MB" if any("peak_gpu_mb" in r for r in results.values()) else "peak RSS MB"
     metric = next(iter(results.values()))["metric"]
@@ -200,7 +211,10 @@ def report(args, results: dict, padding: dict) -> None:
           f"{args.max_length}, lr {args.lr}, seed {args.seed}, model {args.model}\n")
     print(common.markdown_table(
         ["contender", "train ex/s", "s/epoch", "eval s", memory, "real-token share",
-         f"dev {metric}", "process s"], rows))
+         "useful GFLOP/s", f"of {peak['dtype']} matmul peak", f"dev {metric}", "process s"],
+        rows))
+    print(f"\nuseful GFLOP/s: model FLOPs on real (non-padding) tokens per second of training; "
+          f"matmul peak {peak['flops_per_s'] / 1e9:,.1f} GFLOP/s measured in this run")
     print("\nreal-token share per batching: " + ", ".join(
         f"{k} {v:.1%}" for k, v in padding.items() if k not in ("mean_length", "train_rows")))
     pairs = [("kit", "trainer"), ("kit", "trainer-grouped"), ("kit-random", "trainer")]
