@@ -1,7 +1,7 @@
 """GLUE server submissions from runs' test predictions.
 
 A run with `predict_test: true` writes `predictions/<test split>.tsv` (`index<TAB>prediction`,
-label strings; STS-B scores). The GLUE server (gluebenchmark.com) takes one zip with one file per
+label strings; STS-B scores); a multi-task run writes `predictions/<TASK>/<test split>.tsv`. The GLUE server (gluebenchmark.com) takes one zip with one file per
 task at its root, named as below, each with the header `index<TAB>prediction` and one row per
 test example: the label strings of the GLUE data (entailment / not_entailment for QNLI and RTE;
 entailment / neutral / contradiction for MNLI; 0 / 1 for CoLA, SST-2, MRPC, QQP, WNLI) and a
@@ -153,9 +153,12 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
                 f"configuration per task first (report.select_runs)")
         files, rows = {}, []
         for _, run in group.iterrows():
+            predictions = Path(run["run_dir"]) / "predictions"
             for (task_name, split), name in SUBMISSION_FILES.items():
-                path = Path(run["run_dir"]) / "predictions" / f"{split}.tsv"
-                if task_name != run["glue_task"] or not path.exists():
+                # a multi-task run (one row per task) keeps each task's files in a subfolder
+                path = next((p for p in (predictions / task_name / f"{split}.tsv",
+                                         predictions / f"{split}.tsv") if p.exists()), None)
+                if task_name != run["glue_task"] or path is None:
                     continue
                 frame = read_test_predictions(path, task_name)
                 note = ""

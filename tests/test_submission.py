@@ -141,3 +141,22 @@ def test_the_training_loops_test_files_are_accepted(tmp_path):
             assert list(frame["prediction"]) == ["contradiction", "entailment", "neutral"]
         if task == "QNLI":
             assert list(frame["prediction"]) == ["not_entailment", "entailment", "not_entailment"]
+
+
+def test_a_multitask_run_fills_one_zip_with_each_tasks_predictions(tmp_path):
+    run = tmp_path / "runs" / "multitask-embert-s0-abc"
+    for task in ("RTE", "CoLA"):
+        (run / "predictions" / task).mkdir(parents=True)
+        labels = LABELS[task]
+        (run / "predictions" / task / "test.tsv").write_text(
+            "index\tprediction\n" + "".join(f"{i}\t{labels[i % 2]}\n" for i in range(4)))
+    (run / "config.json").write_text(json.dumps({"task": "multitask", "method": "embert",
+                                                 "seed": 0, "model": "minilm"}))
+    (run / "metrics.json").write_text(json.dumps({
+        "run_id": run.name, "task": "multitask", "method": "embert", "seed": 0,
+        "model": "minilm", "status": "ok", "best_dev": {"score": 0.6},
+        "per_task": {"RTE": {"score": 0.55}, "CoLA": {"score": 0.1}}}))
+    manifest = build_submissions(load_runs(tmp_path / "runs"), tmp_path, "multitask")
+    files = read_zip(tmp_path / "submissions" / "multitask-embert-s0.zip")
+    assert set(files) == {"RTE.tsv", "CoLA.tsv"} and files["CoLA.tsv"][1] == ["0", "0"]
+    assert set(manifest["task"]) == {"RTE", "CoLA", ""}
