@@ -15,7 +15,8 @@ GLUE average; the released code picks on the sum, which selects the same epoch).
 
 Output (the kit.train.fit contract, outputs/runs/<run_id>/): config.json, metrics.json (status
 ok/failed), history.csv (loss and per-task loss per logging window), predictions/<TASK>/<split>.tsv,
-checkpoint/{best,last} (kit.models.save_model layout; reload with load_multitask). metrics.json:
+checkpoint/{best,last} (kit.models.save_model layout; reload with load_multitask; `last` also holds
+the loop state, so a killed run resumes after its last finished epoch). metrics.json:
   epochs[i]["dev"]   = {task: metrics, ..., "score": mean task score}
   best_dev           = {"score": ..., "<TASK>/<metric>": ...}  (flat, so report tables read it)
   per_task           = {task: best-epoch dev metrics}, comparable with a single-task run's best_dev
@@ -25,7 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +42,9 @@ from kit.models import load_backbone, target_loss
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, apply_stage, load_multitask
 from kit.optim import parameter_groups
 from kit.tasks import get_task
-from kit.train import (LinearSchedule, _accelerator, _check_finite, _label_text, _peak_memory_mb,
-                       _predict_logits, _save_atomic, _to_device, _to_predictions, _write_history,
-                       run_recorded)
+from kit.train import (LinearSchedule, Progress, _accelerator, _check_finite, _label_text,
+                       _peak_memory_mb, _predict_logits, _resume, _rng_state, _save_atomic,
+                       _to_device, _to_predictions, _write_history, run_recorded)
 
 SAMPLING = ("prop", "sqrt", "anneal", "round-robin")
 SELECTION = "mean of the tasks' dev scores"
@@ -172,9 +173,13 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
     model, optimizer = accelerator.prepare(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
-    lr = schedule.set_progress(0.0)
     mixer = TaskMixer([x.lengths for x in train], cfg.batch_size, cfg.sampling, cfg.epochs,
                       cfg.seed, cfg.steps_per_epoch, cfg.group_by_length)
+    progress = (_resume(model, optimizer, run_dir, load=load_multitask)
+                if cfg.save_checkpoints else None) or Progress()
+    for epoch in range(progress.epoch + 1):   # replay finished epochs: the streams carry over
+        mixer.epoch(epoch)
+    lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
 
     def evaluate() -> tuple[dict, dict, dict]:
         per_task, three, results = {}, {}, {}
@@ -189,11 +194,10 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                 task, *results[task.name][task.dev_splits[0]])
         return per_task, three, results
 
-    history, epochs = [], []
-    walls = {"train": 0.0, "label_generation": 0.0, "eval": 0.0}
-    best, best_state, trained_examples, step = None, None, 0, 0
-    started = time.perf_counter()
-    for epoch in range(cfg.epochs):
+    history, epochs, walls = progress.history, progress.epochs, progress.walls
+    best_state = None
+    started = time.perf_counter() - progress.elapsed
+    for epoch in range(progress.epoch + 1, cfg.epochs):
         t0 = time.perf_counter()
         stage = apply_stage(unwrapped, epoch, cfg.gate_start_epoch, cfg.freeze_qkv_epoch,
                             trainable)
@@ -217,17 +221,17 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                 optimizer.zero_grad(set_to_none=True)
             running.append(loss.detach())
             running_tasks.append(t)
-            step += 1
-            trained_examples += len(rows)
-            if step % cfg.log_every == 0 or i == len(plan) - 1:
+            progress.step += 1
+            progress.trained_examples += len(rows)
+            if progress.step % cfg.log_every == 0 or i == len(plan) - 1:
                 window = torch.stack(running).float()[:, None]   # one host sync per log
-                _check_finite(window, ["loss"], epoch, step)
+                _check_finite(window, ["loss"], epoch, progress.step)
                 values = window[:, 0].tolist()
                 per_task = {}
                 for task_index, value in zip(running_tasks, values):
                     epoch_losses[task_index].append(value)
                     per_task.setdefault(f"loss_{names[task_index]}", []).append(value)
-                history.append({"step": step, "epoch": round(epoch + (i + 1) / len(plan), 4),
+                history.append({"step": progress.step, "epoch": round(epoch + (i + 1) / len(plan), 4),
                                 "wall_s": round(time.perf_counter() - started, 3),
                                 "loss": float(np.mean(values)),
                                 **{k: float(np.mean(v)) for k, v in per_task.items()}, "lr": lr})
@@ -247,20 +251,23 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                   "sampling_probs": dict(zip(names, mixer.probabilities(epoch).round(4).tolist())),
                   "stage": stage, "wall_s": round(time.perf_counter() - started, 3)}
         epochs.append(record)
-        improved = best is None or score > best["dev"]["score"]
+        improved = progress.best is None or score > progress.best["dev"]["score"]
         if improved:
-            best = record
+            progress.best = record
             for task in tasks:
                 _write_dev_predictions(run_dir, task, data[names.index(task.name)].dev,
                                        results[task.name])
             if cfg.predict_test and not cfg.save_checkpoints:
                 best_state = copy.deepcopy(unwrapped.state_dict())
+        _write_history(run_dir, history)
+        walls["eval"] += time.perf_counter() - t0
+        progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
         if cfg.save_checkpoints and accelerator.is_main_process:
             if improved:
                 _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "best")
-            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last")
-        _write_history(run_dir, history)
-        walls["eval"] += time.perf_counter() - t0
+            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last",
+                         state={"progress": asdict(progress), "optimizer": optimizer.state_dict(),
+                                "rng": _rng_state()})
 
     if cfg.predict_test and any(d.test for d in data):
         if cfg.save_checkpoints:
@@ -277,6 +284,7 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                 kio.write_text(run_dir / "predictions" / task.name / f"{split_name}.tsv",
                                "\n".join(rows) + "\n")
     walls["total"] = time.perf_counter() - started
+    best = progress.best
     best_three = best["three_subset"]
     return {"epochs": epochs, "best_epoch": best["epoch"], "best_dev": flat_dev(best["dev"]),
             "per_task": {n: best["dev"][n] for n in names},
@@ -287,9 +295,11 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
             "task_sizes": dict(zip(names, mixer.sizes)), "steps_per_epoch": mixer.n_batches,
             "adapter_rank": unwrapped.spec.adapter_rank if cfg.method == "gated" else None,
             "wall_s": {k: round(v, 3) for k, v in walls.items()},
-            "train_examples": trained_examples,
-            "train_examples_per_s": round(trained_examples / max(walls["train"], 1e-9), 2),
+            "train_examples": progress.trained_examples,
+            "train_examples_per_s": round(progress.trained_examples / max(walls["train"], 1e-9),
+                                          2),
             "peak_memory_mb": _peak_memory_mb(), "ssa_labels": [],
+            "resumed_after_epoch": progress.resumed_after_epoch,
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
 
 

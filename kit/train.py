@@ -280,10 +280,10 @@ def _rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
-def _resume(model, optimizer, run_dir: Path) -> Progress | None:
-    """Load the last checkpoint's weights, optimizer, RNG and loop state, if there is one.
-    SSA labels need no saving: they are regenerated from the restored model and the (seed,
-    epoch)-seeded generator, exactly as the uninterrupted run drew them."""
+def _resume(model, optimizer, run_dir: Path, load=load_trained) -> Progress | None:
+    """Load the last checkpoint's weights (read with `load`), optimizer, RNG and loop state, if
+    there is one. SSA labels need no saving: they are regenerated from the restored model and
+    the (seed, epoch)-seeded generator, exactly as the uninterrupted run drew them."""
     last = run_dir / "checkpoint" / "last"
     # a kill between the two renames of _save_atomic leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if (f / STATE_FILE).exists()), None)
@@ -291,7 +291,7 @@ def _resume(model, optimizer, run_dir: Path) -> Progress | None:
         return None
     try:
         state = torch.load(folder / STATE_FILE, weights_only=False)
-        model.load_state_dict(load_trained(folder)[0].state_dict())
+        model.load_state_dict(load(folder)[0].state_dict())
         optimizer.load_state_dict(state["optimizer"])
     except Exception as err:
         raise CheckpointError(f"{folder} is corrupt ({type(err).__name__}: "

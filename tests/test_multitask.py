@@ -274,6 +274,31 @@ def test_fit_multitask_end_to_end(tmp_path):
     assert fit_multitask(cfg) == m                                  # finished: not rerun
 
 
+def test_a_run_stopped_after_an_epoch_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch):
+    import kit.multitask as multitask
+    settings = {**MIX, "method": "gated", "epochs": 3}
+    straight = fit_multitask(RunConfig(**settings, outputs_dir=str(tmp_path / "straight")))
+    assert straight["resumed_after_epoch"] is None
+
+    stage = multitask.apply_stage
+
+    def stop_at_epoch_2(model, epoch, *args):
+        if epoch == 2:
+            raise KeyboardInterrupt("killed")   # like a kill: nothing after epoch 1 is recorded
+        return stage(model, epoch, *args)
+
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "killed"))
+    monkeypatch.setattr(multitask, "apply_stage", stop_at_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        fit_multitask(cfg)
+    monkeypatch.setattr(multitask, "apply_stage", stage)
+    resumed = fit_multitask(cfg)
+    assert resumed["resumed_after_epoch"] == 1
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+    assert strip(resumed["epochs"]) == strip(straight["epochs"])
+    assert resumed["train_examples"] == straight["train_examples"]
+
+
 def test_notebook_smoke_through_papermill(tmp_path):
     import papermill as pm
     out = tmp_path / "executed.ipynb"
