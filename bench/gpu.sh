@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The GPU benchmark in one command (a CUDA torch in .venv, GLUE_DIR set, no network needed):
+# a BERT-base-sized model built from its config with random weights, SST-2, bf16 autocast.
+#   GLUE_DIR=/path/to/glue bench/gpu.sh            # writes outputs/bench/gpu-*.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+ROWS=${ROWS:-20000}
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device visible to torch'"
+"$PY" bench/trainer_vs_kit.py --model bert-base-random --task SST-2 --max-train "$ROWS" \
+    --epochs 1 --contenders kit,trainer,trainer-grouped --json outputs/bench/gpu-trainer_vs_kit.json
+"$PY" bench/ssa_cost.py --model bert-base-random --task SST-2 --max-train "$ROWS" --epochs 2 \
+    --gammas 1.0 --json outputs/bench/gpu-ssa_cost.json
