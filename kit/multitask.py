@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +43,8 @@ from kit.multitask_models import MultiTaskModel, MultiTaskSpec, apply_stage, loa
 from kit.optim import parameter_groups
 from kit.tasks import get_task
 from kit.train import (LinearSchedule, Progress, _accelerator, _check_finite, _label_text,
-                       _peak_memory_mb, _predict_logits, _resume, _rng_state, _save_atomic,
-                       _to_device, _to_predictions, _write_history, run_recorded)
+                       _peak_memory_mb, _predict_logits, _resume, _save_checkpoints, _to_device,
+                       _to_predictions, _write_history, run_recorded)
 
 SAMPLING = ("prop", "sqrt", "anneal", "round-robin")
 SELECTION = "mean of the tasks' dev scores"
@@ -231,7 +231,8 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                 for task_index, value in zip(running_tasks, values):
                     epoch_losses[task_index].append(value)
                     per_task.setdefault(f"loss_{names[task_index]}", []).append(value)
-                history.append({"step": progress.step, "epoch": round(epoch + (i + 1) / len(plan), 4),
+                history.append({"step": progress.step,
+                                "epoch": round(epoch + (i + 1) / len(plan), 4),
                                 "wall_s": round(time.perf_counter() - started, 3),
                                 "loss": float(np.mean(values)),
                                 **{k: float(np.mean(v)) for k, v in per_task.items()}, "lr": lr})
@@ -263,11 +264,7 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
         if cfg.save_checkpoints and accelerator.is_main_process:
-            if improved:
-                _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "best")
-            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last",
-                         state={"progress": asdict(progress), "optimizer": optimizer.state_dict(),
-                                "rng": _rng_state()})
+            _save_checkpoints(unwrapped, tokenizer, run_dir, improved, progress, optimizer)
 
     if cfg.predict_test and any(d.test for d in data):
         if cfg.save_checkpoints:

@@ -1,11 +1,11 @@
 """GLUE server submissions from runs' test predictions.
 
 A run with `predict_test: true` writes `predictions/<test split>.tsv` (`index<TAB>prediction`,
-label strings; STS-B scores); a multi-task run writes `predictions/<TASK>/<test split>.tsv`. The GLUE server (gluebenchmark.com) takes one zip with one file per
-task at its root, named as below, each with the header `index<TAB>prediction` and one row per
-test example: the label strings of the GLUE data (entailment / not_entailment for QNLI and RTE;
-entailment / neutral / contradiction for MNLI; 0 / 1 for CoLA, SST-2, MRPC, QQP, WNLI) and a
-float for STS-B.
+label strings; STS-B scores); a multi-task run writes `predictions/<TASK>/<test split>.tsv`.
+The GLUE server (gluebenchmark.com) takes one zip with one file per task at its root, named as
+below, each with the header `index<TAB>prediction` and one row per test example: the label
+strings of the GLUE data (entailment / not_entailment for QNLI and RTE; entailment / neutral /
+contradiction for MNLI; 0 / 1 for CoLA, SST-2, MRPC, QQP, WNLI) and a float for STS-B.
 
 `build_submissions` groups runs (by default per model x method x seed: one "system" each), checks
 every file (header, label strings, unique indices, row counts against the GLUE test sets) and

@@ -227,11 +227,7 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
         if cfg.save_checkpoints and accelerator.is_main_process:
-            if improved:
-                _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "best")
-            _save_atomic(unwrapped, tokenizer, run_dir / "checkpoint" / "last",
-                         state={"progress": asdict(progress), "optimizer": optimizer.state_dict(),
-                                "rng": _rng_state()})
+            _save_checkpoints(unwrapped, tokenizer, run_dir, improved, progress, optimizer)
 
     if cfg.predict_test and data.test:
         best_weights = (load_trained(run_dir / "checkpoint" / "best")[0].state_dict()
@@ -278,6 +274,17 @@ def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
             "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _save_checkpoints(model, tokenizer, run_dir: Path, improved: bool, progress: Progress,
+                      optimizer) -> None:
+    """After an epoch: `best` when it improved, and always `last` with the loop state (progress,
+    optimizer, RNG) that `_resume` reads back."""
+    if improved:
+        _save_atomic(model, tokenizer, run_dir / "checkpoint" / "best")
+    _save_atomic(model, tokenizer, run_dir / "checkpoint" / "last",
+                 state={"progress": asdict(progress), "optimizer": optimizer.state_dict(),
+                        "rng": _rng_state()})
 
 
 def _resume(model, optimizer, run_dir: Path, load=load_trained) -> Progress | None:
