@@ -79,11 +79,6 @@ def build_random_model(name: str) -> str:
     return str(folder)
 
 
-def model_dir(name: str) -> str:
-    from kit.models import embedded_model_dir
-    return str(embedded_model_dir()) if name == "minilm" else name
-
-
 SHARED = ("task", "model", "max_train", "epochs", "batch_size", "max_length", "lr", "seed",
           "threads")
 

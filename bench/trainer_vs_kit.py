@@ -53,8 +53,9 @@ def main() -> None:
         raise SystemExit(f"unknown contender(s) {sorted(unknown)}" if unknown else
                          "--model tiny is kit-only; give a Hugging Face folder (or minilm)")
     meta = common.print_header("Trainer vs kit")
+    from kit.models import model_path
     padding, lengths = padding_shares(args)
-    useful_flops = common.training_flops(common.model_dir(args.model), lengths, args.epochs)
+    useful_flops = common.training_flops(model_path(args.model), lengths, args.epochs)
     common.setup_child(args)                 # the peak with the contenders' thread count
     peak = common.matmul_peak()
     print(f"matmul peak: {peak['flops_per_s'] / 1e9:,.1f} GFLOP/s ({peak['dtype']}, "
@@ -97,12 +98,12 @@ def run_trainer(args, grouped: bool) -> dict:
 
     from kit.data import load_task_data
     from kit.metrics import evaluate_splits, reported_metrics
-    from kit.models import embedded_model_dir
+    from kit.models import model_path
 
     # the kit's loader gives the exact rows the kit trains on (same capped shuffle)
     data = load_task_data(common.kit_config(args, "unused"))
     task = data.task
-    path = str(embedded_model_dir()) if args.model == "minilm" else args.model
+    path = model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
 
     def rows(split):   # unpadded, like the kit: DataCollatorWithPadding pads per batch

@@ -32,7 +32,7 @@ def load_tokenizer(name: str):
     from transformers import AutoTokenizer
     if name in (EMBEDDED, TINY):
         return AutoTokenizer.from_pretrained(embedded_model_dir())
-    return AutoTokenizer.from_pretrained(_resolve(name))
+    return AutoTokenizer.from_pretrained(model_path(name))
 
 
 def load_backbone(name: str, eager_attention: bool = False):
@@ -51,7 +51,7 @@ def load_backbone(name: str, eager_attention: bool = False):
     if checkpoints.is_classic_checkpoint(name):
         model, tokenizer, _ = checkpoints.load_classic_checkpoint(name, attn_implementation=attn)
         return model.train(), tokenizer
-    source = _resolve(name)
+    source = model_path(name)
     try:
         model = AutoModel.from_pretrained(source, attn_implementation=attn)
     except (OSError, ValueError) as err:   # ValueError: a folder without a model_type
@@ -59,7 +59,8 @@ def load_backbone(name: str, eager_attention: bool = False):
     return model, load_tokenizer(name)
 
 
-def _resolve(name: str) -> str:
+def model_path(name: str) -> str:
+    """What Hugging Face loads for a model name: the embedded model's folder, else the name."""
     return str(embedded_model_dir()) if name == EMBEDDED else name
 
 
