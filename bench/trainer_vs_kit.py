@@ -157,10 +157,10 @@ BATCHING = {"kit": "kit length-grouped", "kit-random": "random",
             "trainer": "random", "trainer-grouped": "Trainer LengthGroupedSampler"}
 
 
-def padding_shares(args) -> dict:
-    """Real tokens / padded tokens over all training batches of the run, per batching. The kit's
-    batches are the exact ones fit() draws (same generator seeds); Trainer's are drawn with its
-    own sampler classes from an equally seeded generator."""
+def padding_shares(args) -> tuple:
+    """Real tokens / padded tokens over all training batches of the run, per batching, and the
+    training rows' real lengths. The kit's batches are the exact ones fit() draws (same generator
+    seeds); Trainer's are drawn with its own sampler classes from an equally seeded generator."""
     import numpy as np
     import torch
     from transformers.trainer_pt_utils import LengthGroupedSampler
