@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+import filelock
 
 
 class OutputsError(OSError):
@@ -66,18 +67,23 @@ def _jsonable(value):
 
 class FileLock:
     """An exclusive, non-blocking lock on `path` (released when the holder exits or dies):
-    `with FileLock(p) as got:` - got is False when another process holds it."""
+    `with FileLock(p) as got:` - got is False when another process holds it. The `filelock`
+    package does the locking (fcntl on POSIX, msvcrt on Windows), so kit imports everywhere."""
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(path, "w")
+        self.lock = filelock.FileLock(str(path), thread_local=False)
+        self.got = False
 
     def __enter__(self) -> bool:
         try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
+            self.lock.acquire(blocking=False)
+            self.got = True
+        except filelock.Timeout:
+            self.got = False
+        return self.got
 
     def __exit__(self, *exc):
-        self.handle.close()
+        if self.got:
+            self.lock.release()
+            self.got = False
