@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kit.metrics import (compute_metrics, evaluate_splits, reported_metrics, significance_mark,
-                         three_subset_stats, three_subsets, welch_test)
+from kit.metrics import (compute_metrics, evaluate_splits, holm, is_constant, permutation_test,
+                         reported_metrics, significance_mark, three_subset_stats, three_subsets,
+                         welch_test)
 from kit.tasks import csv_task, get_task
 
 # 2 true positives, 1 false negative, 1 false positive, 2 true negatives.
@@ -136,8 +137,40 @@ def test_welch_test_matches_the_formula():
 
 def test_welch_test_without_evidence_is_one():
     assert welch_test([0.5], [0.1, 0.2]) == 1.0                  # one seed
-    assert welch_test([0.5, 0.5], [0.7, 0.7]) == 1.0              # no variance at all
+    assert welch_test([0.5, 0.5], [0.5, 0.5]) == 1.0              # constant and equal
     assert welch_test([0.5, 0.5], [0.7, 0.8]) < 1.0               # one side varies: defined
+
+
+def test_welch_test_constant_but_different_is_certain():
+    # No variance on either side and different values: the data leave no doubt (p = 0); the
+    # tables flag such cells as degenerate instead of trusting the 0.
+    assert welch_test([0.5, 0.5, 0.5], [0.7, 0.7]) == 0.0
+    assert welch_test([0.0, 0.0], [0.0, 0.0]) == 1.0
+    assert is_constant([0.0, 0.0, 0.0]) and not is_constant([0.0, 0.1]) and not is_constant([0.3])
+
+
+def test_holm_on_a_hand_computed_example():
+    # m = 4. Sorted: 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04, then
+    # non-decreasing along that order: 0.02, 0.03, 0.06, 0.06. Back in the input order:
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # capped at 1; NaN is no comparison (m = 2 here)
+    out = holm([0.6, np.nan, 0.2])
+    assert out[[0, 2]] == pytest.approx([0.6, 0.4]) and np.isnan(out[1])
+    assert holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])
+    assert len(holm([])) == 0
+
+
+def test_permutation_test_enumerates_the_splits():
+    # 3 vs 3: C(6, 3) = 20 splits. [1, 2, 3] vs [4, 5, 6]: only the observed split and its
+    # mirror reach |mean difference| 3 -> p = 2/20.
+    assert permutation_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(0.1)
+    # [1, 2, 3] vs [1.5, 5, 6]: observed |difference| 13/6; the pooled sum is 18.5, so a triple
+    # with sum s gives |2s - 18.5| / 3 >= 13/6 iff s <= 6 or s >= 12.5: {1, 2, 3}, {1, 1.5, 2},
+    # {1, 1.5, 3} and their complements -> 6/20.
+    assert permutation_test([1.0, 2.0, 3.0], [1.5, 5.0, 6.0]) == pytest.approx(0.3)
+    assert permutation_test([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]) == 1.0
+    assert permutation_test([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(0.1)  # the floor
+    assert permutation_test([], [1.0]) == 1.0
 
 
 def test_significance_marks():
