@@ -13,7 +13,7 @@ import json
 import typing
 from dataclasses import dataclass
 
-RESULTS_VERSION = 1  # bump when a default or the training code changes what a config computes
+RESULTS_VERSION = 2  # bump when a default or the training code changes what a config computes
 METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h", "embert", "gated")
 SSA_METHODS = ("ssa-co", "ssa-h")
 MULTITASK_METHODS = ("embert", "gated")   # kit.multitask.fit_multitask; task="multitask"
@@ -56,7 +56,8 @@ class RunConfig:
     layer_decay: float = 1.0           # layer-wise lr decay (StructBERT lr_decay_factor); 1 = off
     freeze_layers: int = 0             # freeze the N lowest modules (embeddings count as the first)
     group_by_length: bool = True
-    mixed_precision: str = "auto"      # auto (bf16/fp16 on GPU, none on CPU) | no | bf16 | fp16
+    mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
+                                       # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
     compile: bool = False              # torch.compile the model (dynamic shapes); pays off on GPUs
     # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
     alpha: float = 0.7                 # loss = alpha * L_target + (1 - alpha) * L_SSA
@@ -77,6 +78,8 @@ class RunConfig:
     code_share_max: float = 0.8
     save_labels: bool = False          # write generated SSA labels per epoch into the run folder
     reuse_labels_from: str = ""        # a run folder whose saved labels replace probing
+    budget: str = "epochs"             # epochs | equal_steps: every epoch trains len(train) rows
+                                       # (BERT-mask's / variant-merge SSA's epochs subsampled)
     # attention guiding (Wang et al. 2022), on top of any method
     guide_loss: str = "task"           # task | task+pd | task+ad | task+both
     pd_factor: float = 0.001
@@ -178,7 +181,7 @@ _CHOICES = {
     "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
-    "sampling": ("prop", "sqrt", "anneal", "round-robin"),
+    "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
 }
 _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),

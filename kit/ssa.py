@@ -239,7 +239,8 @@ def build_epoch(train: Examples, cfg: RunConfig, epoch: int, predict: PredictFn,
         source = np.repeat(np.arange(len(train)), variant_counts(len(train), cfg.gamma, rng))
         originals = train.subset(source)
         copies = masked_copies(originals, draw_masks(real_tokens(originals), cfg, rng), mask_id)
-        return Examples.concat([train, copies]), {"epoch": epoch, "augmented": len(copies)}
+        return (_budgeted(Examples.concat([train, copies]), len(train), cfg.budget, rng),
+                {"epoch": epoch, "augmented": len(copies)})
     if epoch < cfg.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
         return (all_ones(train) if cfg.label_rule == "code" else train), None
     started = time.perf_counter()
@@ -252,12 +253,23 @@ def build_epoch(train: Examples, cfg: RunConfig, epoch: int, predict: PredictFn,
         epoch_set = paper_labels(train, predict, cfg, regression, rng, mask_id, stats)
     else:
         epoch_set = code_labels(train, predict, cfg, regression, rng, mask_id, epoch, stats)
+    epoch_set = _budgeted(epoch_set, len(train), cfg.budget, rng)
     stats.finish(epoch_set, started)
     if cfg.save_labels and run_dir is not None:
         from kit.io import atomic_torch_save
         atomic_torch_save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()},
                           _saved_path(str(run_dir), epoch))
     return epoch_set, stats.to_dict()
+
+
+def _budgeted(epoch_set: Examples, n: int, budget: str, rng: np.random.Generator) -> Examples:
+    """`budget="equal_steps"`: a seeded subsample of n rows (the plain training set's size) of an
+    epoch that grew (BERT-mask's copies, SSA's `variant` merge), so every method takes the
+    optimizer steps BERT-r takes and a gain cannot come from more updates. Capping rather than
+    training BERT-r longer keeps BERT-r's (and union-merge SSA's) runs as they are."""
+    if budget != "equal_steps" or len(epoch_set) <= n:
+        return epoch_set
+    return epoch_set.subset(np.sort(rng.choice(len(epoch_set), n, replace=False)))
 
 
 def _saved_path(run_dir: str, epoch: int) -> Path:

@@ -215,11 +215,14 @@ def test_paper_profiles_hold_the_papers_settings():
     assert {p["task"] for p in small} == {"RTE", "CoLA", "STS-B", "MRPC"}
     assert len(small) == 4 * 4 * 5 and {p["epochs"] for p in small} == {3}
     # the CPU run behind RESULTS.md: paper-small's points, only capped in training rows
+    # (and BERT-mask once more at equal optimizer steps)
     cpu = batch.load_profile("paper-small-cpu").points
-    drop = ("profile", "max_train_examples")
+    drop = ("profile", "max_train_examples", "budget")
     full = [{k: v for k, v in p.items() if k not in drop} for p in small]
-    assert len(cpu) == 2 * 4 * 3 and all(
+    assert len(cpu) == 2 * 4 * 3 + 2 * 3 and all(
         {k: v for k, v in p.items() if k not in drop} in full for p in cpu)
+    assert {p["method"] for p in cpu if p.get("budget") == "equal_steps"} == {"bert-mask"}
+    assert len([p for p in gamma if p.get("budget") == "equal_steps"]) == 5 * 3
 
 
 def test_one_call_figures(outputs):
@@ -233,3 +236,23 @@ def test_one_call_figures(outputs):
                 figures.case_study_figure(out, "smoke", sentences=["fine ."])):
         assert fig.axes
     matplotlib.pyplot.close("all")
+
+
+@pytest.mark.parametrize("budget, steps, examples", [("epochs", 13 + 25, 400 + 800),
+                                                      ("equal_steps", 13 + 13, 400 + 400)])
+def test_equal_steps_budget_trains_bert_rs_steps(tmp_path, budget, steps, examples):
+    """BERT-mask with gamma 1 trains 400 rows in epoch 0 (no copies yet) and 400 + 400 copies in
+    epoch 1: ceil(400 / 32) + ceil(800 / 32) = 13 + 25 optimizer steps. With equal_steps its
+    epoch 1 is a 400-row subsample: 13 + 13 steps, as BERT-r takes."""
+    import torch
+    from kit.train import fit, run_dir_of
+    torch.set_num_threads(1)
+    cfg = RunConfig(task="synthetic", model="tiny", method="bert-mask", synthetic_size=400,
+                    epochs=2, batch_size=32, gamma=1.0, budget=budget, save_checkpoints=False,
+                    log_every=1, outputs_dir=str(tmp_path))
+    metrics = fit(cfg)
+    history = (run_dir_of(cfg) / "history.csv").read_text().splitlines()
+    assert int(history[-1].split(",")[0]) == steps == len(history) - 1   # one row per step
+    assert metrics["train_examples"] == examples
+    assert (RunConfig(task="synthetic", method="bert-mask").run_id
+            == RunConfig(task="synthetic", method="bert-mask", budget="epochs").run_id)
