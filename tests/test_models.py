@@ -1,5 +1,6 @@
 """Tests of kit.models: masked softmax, SSA-H token weights, heads, losses, save/load."""
 import copy
+import time
 
 import numpy as np
 import pytest
@@ -93,20 +94,60 @@ def test_masked_softmax_extreme_scores_stay_finite():
 
 # --------------------------------------------------------------------------- hybrid weights
 
-def test_hybrid_weights_paper_mode():
+# One row: [CLS], three real tokens with P(important) = 0.5, 0.75, 0.2, then padding (p 0.9).
+# Logits (0, log(p / (1 - p))) give exactly these p.
+HAND_P = [0.5, 0.5, 0.75, 0.2, 0.9]
+HAND_LOGITS = torch.tensor([[[0.0, np.log(p / (1 - p))] for p in HAND_P]], dtype=torch.float64)
+HAND_REAL = torch.tensor([[False, True, True, True, False]])
+
+
+def test_hybrid_weights_paper_by_hand():
+    """paper: softmax over the real tokens of p itself: e^p_i / sum_j e^p_j."""
+    w = hybrid_weights(HAND_LOGITS, HAND_REAL, "paper", 0.3)
+    z = np.exp(0.5) + np.exp(0.75) + np.exp(0.2)
+    want = [0.0, np.exp(0.5) / z, np.exp(0.75) / z, np.exp(0.2) / z, 0.0]
+    torch.testing.assert_close(w, torch.tensor([want], dtype=torch.float64), rtol=0, atol=1e-15)
+    # no threshold: 0.2 < 0.3 keeps its weight, and any threshold gives the same weights
+    torch.testing.assert_close(w, hybrid_weights(HAND_LOGITS, HAND_REAL, "paper", 0.99))
+
+
+def test_hybrid_weights_code_by_hand():
+    """code: p = 0.2 < 0.3 dropped; softmax over p = 0.5, 0.75 -> 1 / (1 + e^0.25), ..."""
+    w = hybrid_weights(HAND_LOGITS, HAND_REAL, "code", 0.3)
+    want = [0.0, 1 / (1 + np.exp(0.25)), np.exp(0.25) / (1 + np.exp(0.25)), 0.0, 0.0]
+    torch.testing.assert_close(w, torch.tensor([want], dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+def test_hybrid_weights_logodds_by_hand():
+    """logodds: w_i proportional to p_i / (1 - p_i) = 1, 3, 1/4 -> 4/17, 12/17, 1/17."""
+    w = hybrid_weights(HAND_LOGITS, HAND_REAL, "logodds", 0.3)
+    want = [0.0, 4 / 17, 12 / 17, 1 / 17, 0.0]
+    torch.testing.assert_close(w, torch.tensor([want], dtype=torch.float64), rtol=0, atol=1e-15)
+
+
+def test_hybrid_weights_unknown_weighting():
+    with pytest.raises(ValueError, match="logodds"):
+        hybrid_weights(HAND_LOGITS, HAND_REAL, "softmax", 0.3)
+
+
+@pytest.mark.parametrize("weighting, score", [
+    ("logodds", lambda logits: logits[..., 1] - logits[..., 0]),
+    ("paper", lambda logits: torch.softmax(logits, -1)[..., 1]),
+])
+def test_hybrid_weights_softmax_of_score(weighting, score):
     rng = np.random.default_rng(1)
     for _ in range(10):
         b, t = int(rng.integers(1, 5)), int(rng.integers(2, 12))
         logits = torch.tensor(rng.normal(0, 2, size=(b, t, 2)), dtype=torch.float32)
         real = torch.tensor(rng.random((b, t)) < 0.7)
-        w = hybrid_weights(logits, real, "paper", 0.3)
+        w = hybrid_weights(logits, real, weighting, 0.3)
         assert (w[~real] == 0).all()
         for i in range(b):
             if real[i].any():
-                score = logits[i, :, 1] - logits[i, :, 0]
-                torch.testing.assert_close(w[i, real[i]], torch.softmax(score[real[i]], -1))
-        # the threshold plays no role in paper mode
-        torch.testing.assert_close(w, hybrid_weights(logits, real, "paper", 0.99))
+                torch.testing.assert_close(w[i, real[i]],
+                                           torch.softmax(score(logits[i])[real[i]], -1))
+        # the threshold plays no role outside code mode
+        torch.testing.assert_close(w, hybrid_weights(logits, real, weighting, 0.99))
 
 
 def test_hybrid_weights_code_mode_drops_unlikely_tokens():
@@ -201,7 +242,7 @@ def test_sequence_model_shapes(tiny, method, num_labels, pair):
 
 def test_hybrid_output_is_beta_mix(tiny):
     for beta in (0.0, 0.3, 0.8):
-        for weighting in ("paper", "code"):
+        for weighting in ("paper", "code", "logodds"):
             model = make_model(tiny, "ssa-h", beta=beta, hybrid_weighting=weighting,
                                attention_threshold=0.4)
             batch = make_batch(tiny[1], pair=True)
@@ -359,7 +400,41 @@ def test_load_backbone_bogus_name(name, monkeypatch):
         load_backbone(name)
     msg = str(info.value)
     assert repr(name) in msg and "\n" not in msg
-    assert "offline" in msg.lower() and "minilm" in msg
+    assert "HF_HUB_OFFLINE=1 is set" in msg and "hub is unreachable" in msg and "minilm" in msg
+
+
+def test_hub_id_offline_without_hf_hub_offline_fails_fast(monkeypatch):
+    """No HF_HUB_OFFLINE, no network: the reachability check (the GLUE reader's) answers
+    first; only the local cache is tried, so the error comes in seconds and says why."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    why = "cannot connect to huggingface.co:443 ([Errno -3] Temporary failure in name resolution)"
+    calls = []
+    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: calls.append(1) or why)
+    started = time.perf_counter()
+    with pytest.raises(ModelError) as info:
+        load_backbone("nobody/no-such-model-at-all")
+    assert time.perf_counter() - started < 10 and calls == [1]
+    assert str(info.value) == (
+        f"model 'nobody/no-such-model-at-all': the hub is unreachable ({why}) and the model is "
+        "not in the local cache; use a local Hugging Face folder, a classic bert_config.json "
+        "folder or the embedded `minilm`")
+
+
+def test_hub_id_reachable_hub_failure_names_the_cause(monkeypatch):
+    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: None)
+    with pytest.raises(ModelError) as info:     # the test process is still offline underneath
+        load_backbone("nobody/no-such-model-at-all")
+    msg = str(info.value)
+    assert msg.startswith("model 'nobody/no-such-model-at-all' did not load from the hub (")
+    assert "Error" in msg.split("(", 1)[1] and "\n" not in msg
+
+
+def test_local_folder_never_asks_the_hub(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: pytest.fail("hub checked"))
+    tiny[0].save_pretrained(tmp_path)
+    tiny[1].save_pretrained(tmp_path)
+    backbone, _ = load_backbone(str(tmp_path))
+    assert backbone.config.hidden_size == 32
 
 
 def test_load_backbone_folder_without_weights(tiny, tmp_path):
@@ -367,13 +442,50 @@ def test_load_backbone_folder_without_weights(tiny, tmp_path):
     with pytest.raises(ModelError) as info:
         load_backbone(str(tmp_path))
     msg = str(info.value)
-    assert repr(str(tmp_path)) in msg and "no loadable" in msg and "\n" not in msg
+    assert msg.startswith(f"model folder {str(tmp_path)!r} has no loadable Hugging Face model (")
+    assert "OSError: " in msg and "\n" not in msg     # the cause, first line only
 
 
 def test_load_backbone_empty_folder(tmp_path):
     with pytest.raises(ModelError) as info:
         load_backbone(str(tmp_path))
     assert repr(str(tmp_path)) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_attention_choice_is_asked_of_transformers(tiny):
+    """SDPA for BERT (supported), eager when maps are needed."""
+    assert tiny[0].config._attn_implementation == "sdpa"
+    assert load_backbone("tiny", eager_attention=True)[0].config._attn_implementation == "eager"
+
+
+def test_no_attention_maps_is_one_line_model_error(tiny):
+    model = make_model(tiny, "bert")                 # SDPA returns no maps
+    with pytest.raises(ModelError, match=r"^BertModel returned no attention maps \(attention "
+                                         r"implementation 'sdpa'\); attention guiding"):
+        model(**make_batch(tiny[1]), output_attentions=True)
+
+
+class _Config:
+    """A stand-in config with only the attributes a test names."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+@pytest.mark.parametrize("values, want", [
+    ({"classifier_dropout": None, "hidden_dropout_prob": 0.1, "layer_norm_eps": 1e-12,
+      "initializer_range": 0.02}, (0.1, 0.02, 1e-12)),                          # BERT
+    ({"dropout": 0.1, "seq_classif_dropout": 0.2, "initializer_range": 0.03},
+     (0.2, 0.03, 1e-12)),                                                      # DistilBERT
+    ({"classifier_dropout": 0.0, "mlp_dropout": 0.1, "norm_eps": 1e-5,
+      "initializer_range": 0.02}, (0.0, 0.02, 1e-5)),                           # ModernBERT
+    ({"hidden_dropout": 0.05, "layer_norm_epsilon": 1e-6, "init_std": 0.01},
+     (0.05, 0.01, 1e-6)),
+    ({}, (0.1, 0.02, 1e-12)),                                                  # defaults
+])
+def test_head_settings_adapter(values, want):
+    got = models.head_settings(_Config(**values))
+    assert (got["dropout"], got["initializer_range"], got["norm_eps"]) == want
 
 
 def test_tiny_backbone_is_small_and_uses_embedded_vocab(tiny):

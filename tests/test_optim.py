@@ -80,3 +80,89 @@ def test_bad_arguments():
             parameter_groups(Wrapped(), LR, WD, layer_decay=bad)
     with pytest.raises(ValueError, match="backbone"):
         parameter_groups(nn.Linear(2, 2), LR, WD)
+
+
+# --------------------------------------------------------------------------- every family
+
+class _Ids:
+    """Token ids a zoo config needs, without training a tokenizer."""
+    pad_token_id, bos_token_id, eos_token_id, cls_token_id, sep_token_id = 0, 1, 2, 1, 2
+
+    def __len__(self):
+        return 100
+
+
+class WrappedFamily(nn.Module):
+    def __init__(self, family):
+        super().__init__()
+        from transformers import AutoModel
+
+        from kit.zoo import FAMILIES
+        torch.manual_seed(0)
+        self.backbone = AutoModel.from_config(FAMILIES[family].config(_Ids()))
+        self.head = nn.Linear(32, 2)
+
+
+# family: (layer stack path, input-side prefixes (depth 0), top-side backbone prefixes)
+FAMILY_LAYOUT = {
+    "bert": ("encoder.layer", ("embeddings.",), ("pooler.",)),
+    "roberta": ("encoder.layer", ("embeddings.",), ("pooler.",)),
+    "xlm-roberta": ("encoder.layer", ("embeddings.",), ("pooler.",)),
+    "electra": ("encoder.layer", ("embeddings.", "embeddings_project."), ()),
+    "distilbert": ("transformer.layer", ("embeddings.",), ()),
+    "deberta-v3": ("encoder.layer", ("embeddings.", "encoder.rel_embeddings.",
+                                     "encoder.LayerNorm."), ()),
+    "modernbert": ("layers", ("embeddings.",), ("final_norm.",)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_LAYOUT))
+def test_layerwise_lrs_every_family(family):
+    stack, bottom, top = FAMILY_LAYOUT[family]
+    model = WrappedFamily(family)
+    lr_of = {id(p): g["lr"] for g in parameter_groups(model, LR, WD, layer_decay=DECAY)
+             for p in g["params"]}
+    seen = set()
+    for name, p in model.backbone.named_parameters():
+        if name.startswith(stack + "."):
+            i = int(name[len(stack) + 1:].split(".")[0])
+            want, where = LR * DECAY ** (L - i), f"layer{i}"
+        elif name.startswith(bottom):
+            want, where = LR * DECAY ** (L + 1), "bottom"
+        else:
+            assert name.startswith(top), f"{family}: {name} is in no expected part"
+            want, where = LR, "top"
+        assert lr_of[id(p)] == pytest.approx(want), f"{family}: {name}"
+        seen.add(where)
+    assert {"bottom", "layer0", f"layer{L - 1}"} <= seen
+    assert lr_of[id(model.head.weight)] == LR
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_LAYOUT))
+def test_freezing_every_family(family):
+    stack, bottom, _ = FAMILY_LAYOUT[family]
+    model = WrappedFamily(family)
+    parameter_groups(model, LR, WD, freeze_layers=2)          # input side + layer 0
+    for name, p in model.backbone.named_parameters():
+        frozen = name.startswith(bottom) or name.startswith(f"{stack}.0.")
+        assert p.requires_grad is not frozen, f"{family}: {name}"
+
+
+class NoStack(nn.Module):
+    """A backbone whose blocks are not in an nn.ModuleList."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4))
+        self.head = nn.Linear(4, 2)
+
+
+def test_backbone_without_layer_stack_trains_with_one_lr():
+    model = NoStack()
+    groups = parameter_groups(model, LR, WD)
+    assert {g["name"] for g in groups} == {"top/decay", "top/no_decay"}
+    assert all(g["lr"] == LR for g in groups)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    for kwargs in ({"layer_decay": 0.9}, {"freeze_layers": 1}):
+        with pytest.raises(ValueError, match="Sequential: no layer stack found"):
+            parameter_groups(NoStack(), LR, WD, **kwargs)
