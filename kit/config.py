@@ -13,6 +13,8 @@ import json
 import typing
 from dataclasses import dataclass
 
+from kit.tasks import canonical_task_name
+
 RESULTS_VERSION = 3  # bump when a default or the training code changes what a config computes
 METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h", "embert", "gated")
 SSA_METHODS = ("ssa-co", "ssa-h")
@@ -21,6 +23,23 @@ MULTITASK_METHODS = ("embert", "gated")   # kit.multitask.fit_multitask; task="m
 
 class ConfigError(ValueError):
     """A bad parameter; the message is one line naming the parameter."""
+
+
+# Names other tools use for a RunConfig field (transformers' TrainingArguments, run_glue.py,
+# the SSA and StructBERT scripts). They are answered with "did you mean 'lr'?", not accepted:
+# one spelling per knob keeps profiles, notebook parameters and tables unambiguous.
+PARAMETER_ALIASES = {
+    "learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": "epochs",
+    "n_epochs": "epochs", "per_device_train_batch_size": "batch_size",
+    "train_batch_size": "batch_size", "per_device_eval_batch_size": "eval_batch_size",
+    "model_name_or_path": "model", "model_name": "model", "task_name": "task",
+    "max_seq_length": "max_length", "max_seq_len": "max_length", "warmup": "warmup_ratio",
+    "warmup_proportion": "warmup_ratio", "gradient_accumulation_steps": "grad_accum",
+    "output_dir": "outputs_dir", "logging_steps": "log_every", "data_dir": "glue_dir",
+    "lr_decay_factor": "layer_decay", "num_folds": "n_folds",
+    "text_columns": "csv_text_columns", "target_column": "csv_target",
+    "label_column": "csv_target", "id_column": "csv_id_column", "do_predict": "predict_test",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,10 @@ class RunConfig:
     csv_text_columns: tuple[str, ...] = ()
     csv_target: str = ""
     csv_regression: bool = True
+    csv_test_path: str = ""            # a test CSV (text columns + id column): submission.csv
+    csv_id_column: str = "id"          # the test CSV's id column, first column of submission.csv
+    csv_metric: str = ""               # selection metric; "" = rmse (regression), mean of
+                                       # accuracy and f1_macro (classification); see CSV_METRICS
     # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see kit.folds)
     n_folds: int = 0                   # 0 = no folds: a seeded 80/20 split; else k >= 2 folds
     fold: int = 0                      # with n_folds: the fold that is dev (train = every other row)
@@ -107,6 +130,7 @@ class RunConfig:
 
     def __post_init__(self):
         _check_types(self)
+        _normalise_task_names(self)
         _check_values(self)
 
     @classmethod
@@ -114,18 +138,17 @@ class RunConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in params:
             if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"unknown parameter {key!r}{hint}")
+                raise ConfigError(unknown_parameter(key, names))
         hints = _hints(cls)
-        coerced = {k: tuple(v) if hints[k] == tuple[str, ...] and isinstance(v, list) else v
-                   for k, v in params.items()}
-        return cls(**coerced)
+        return cls(**{k: _as_tuple(v) if hints[k] == tuple[str, ...] else v
+                      for k, v in params.items()})
 
     @classmethod
     def from_namespace(cls, namespace: dict) -> "RunConfig":
         """Pick the config fields out of a notebook's globals (parameters cell + papermill)."""
         names = {f.name for f in dataclasses.fields(cls)}
+        for alias in PARAMETER_ALIASES.keys() & namespace.keys():   # papermill -p learning_rate
+            raise ConfigError(unknown_parameter(alias, names))       # would be dropped silently
         return cls.from_dict({k: v for k, v in namespace.items() if k in names})
 
     def to_dict(self) -> dict:
@@ -146,6 +169,32 @@ class RunConfig:
     @property
     def uses_ssa(self) -> bool:
         return self.method in SSA_METHODS
+
+
+def unknown_parameter(key: str, names) -> str:
+    """The one-line answer to a name that is no RunConfig field: the field another tool calls
+    `key` (learning_rate -> lr), else the closest field name (difflib), else no hint."""
+    meant = PARAMETER_ALIASES.get(key) or next(iter(difflib.get_close_matches(key, names, n=1)), None)
+    return f"unknown parameter {key!r}" + (f" (did you mean {meant!r}?)" if meant else "")
+
+
+def _as_tuple(value):
+    """A list, or a bare string for a one-item list (`csv_text_columns: text`), as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _normalise_task_names(cfg) -> None:
+    """`task` and `tasks` in the registry's spelling (sst2 -> SST-2) before the run id is
+    computed; unknown names are left for _check_values to report."""
+    def canonical(name: str) -> str:
+        try:
+            return canonical_task_name(name)
+        except ValueError:
+            return name
+    object.__setattr__(cfg, "task", canonical(cfg.task))
+    object.__setattr__(cfg, "tasks", tuple(canonical(name) for name in cfg.tasks))
 
 
 @functools.cache
@@ -183,6 +232,9 @@ _CHOICES = {
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
     "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
 }
+# csv_metric choices by task kind; rmse is lower-is-better (kit.metrics.task_score negates it)
+CSV_METRICS = {"regression": ("rmse", "pearson", "spearman"),
+               "classification": ("accuracy", "f1", "f1_macro", "mcc")}
 _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),
     "gamma": (0, float("inf"), True, False), "lr": (0, float("inf"), False, False),
@@ -204,6 +256,20 @@ _RANGES = {  # name: (low, high, low inclusive, high inclusive)
 }
 
 
+def _check_csv_extras(cfg: RunConfig) -> None:
+    """csv_test_path and csv_metric: CSV tasks only, and a metric of the task's kind."""
+    csv = cfg.task == "csv"
+    for name in ("csv_test_path", "csv_metric"):
+        if getattr(cfg, name) and not csv:
+            raise ConfigError(f"parameter {name!r}: for task 'csv', not {cfg.task!r}")
+    kind = "regression" if cfg.csv_regression else "classification"
+    if cfg.csv_metric and cfg.csv_metric not in CSV_METRICS[kind]:
+        raise ConfigError(f"parameter 'csv_metric': {cfg.csv_metric!r} is not a {kind} metric; "
+                          f"choose one of {', '.join(CSV_METRICS[kind])}")
+    if cfg.csv_test_path and not cfg.csv_id_column:
+        raise ConfigError("parameter 'csv_id_column' is empty; name the test CSV's id column")
+
+
 def _check_values(cfg: RunConfig) -> None:
     for name, allowed in _CHOICES.items():
         if getattr(cfg, name) not in allowed:
@@ -217,6 +283,7 @@ def _check_values(cfg: RunConfig) -> None:
             raise ConfigError(f"parameter {name!r}: {value!r} is outside {lo}{low}, {high}{hi}")
     if cfg.task.lower() == "csv" and not (cfg.csv_path and cfg.csv_text_columns and cfg.csv_target):
         raise ConfigError("task 'csv' needs csv_path, csv_text_columns and csv_target")
+    _check_csv_extras(cfg)
     # k-fold CSV runs: folds only exist for CSV tasks, and the dev fold must be one of them
     if cfg.n_folds < 0 or cfg.n_folds == 1:
         raise ConfigError(f"parameter 'n_folds': {cfg.n_folds} folds; use 0 (no folds) or >= 2")

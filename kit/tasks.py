@@ -5,6 +5,8 @@ data; readers (kit.readers) and the synthetic generator (kit.synthetic) produce 
 """
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,7 +84,14 @@ SYNTHETIC_TASKS: dict[str, Task] = {t.name: t for t in [
          test_splits=(), kind="synthetic"),
 ]}
 
-_ALIASES = {"sst2": "SST-2", "stsb": "STS-B", "sts-b": "STS-B", "sst-2": "SST-2"}
+# Tasks that are not in the registry but are valid `task` values (kit.config handles them).
+SPECIAL_TASKS = ("csv", "multitask")
+
+
+def _name_key(name: str) -> str:
+    """What two spellings of one task share: lower case, no dashes, underscores or spaces
+    (sst2, sst-2, SST2, Sst_2 -> sst2; stsb, STS-B -> stsb)."""
+    return re.sub(r"[-_\s]", "", name.lower())
 
 
 def csv_task(text_columns: tuple[str, ...], labels: tuple[str, ...] | None) -> Task:
@@ -92,11 +101,21 @@ def csv_task(text_columns: tuple[str, ...], labels: tuple[str, ...] | None) -> T
 
 
 def get_task(name: str) -> Task:
-    """Look a task up by name, case-insensitively (`rte`, `SST-2`, `sst2` ...)."""
-    key = _ALIASES.get(name.lower(), name)
+    """Look a task up by name, ignoring case, dashes and underscores (`rte`, `SST-2`, `sst2` ...)."""
+    key = _name_key(name)
     for table in (GLUE_TASKS, SYNTHETIC_TASKS):
         for task_name, task in table.items():
-            if task_name.lower() == key.lower():
+            if _name_key(task_name) == key:
                 return task
-    known = ", ".join([*GLUE_TASKS, *SYNTHETIC_TASKS, "csv"])
-    raise ValueError(f"unknown task {name!r}: choose one of {known}")
+    names = [*GLUE_TASKS, *SYNTHETIC_TASKS, *SPECIAL_TASKS]
+    close = difflib.get_close_matches(key, [_name_key(n) for n in names], n=1, cutoff=0.6)
+    hint = next((f" (did you mean {n!r}?)" for n in names if close and _name_key(n) == close[0]), "")
+    raise ValueError(f"unknown task {name!r}: choose one of {', '.join(names)}{hint}")
+
+
+def canonical_task_name(name: str) -> str:
+    """The registry's spelling of a task name (sst2 -> SST-2, CSV -> csv), so that every
+    spelling of one experiment gives one run id; ValueError for an unknown task."""
+    if _name_key(name) in SPECIAL_TASKS:
+        return _name_key(name)
+    return get_task(name).name

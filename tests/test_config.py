@@ -71,7 +71,6 @@ def test_bool_is_not_a_float(name):
 
 @pytest.mark.parametrize("name, value", [("epochs", 2.0), ("batch_size", "32"), ("seed", 1.5),
                                          ("task", 3), ("share_weight", 1),
-                                         ("csv_text_columns", "text"),
                                          ("csv_text_columns", [1, 2])])
 def test_wrong_types_rejected(name, value):
     with pytest.raises(ConfigError, match=repr(name)) as info:
@@ -236,3 +235,86 @@ def test_from_namespace_ignores_junk():
 def test_unknown_task_is_a_config_error_naming_the_choices():
     with pytest.raises(ConfigError, match="parameter 'task': unknown task 'RTEE': choose one of .*RTE"):
         RunConfig(task="RTEE")
+
+
+# --------------------------------------------------------------------------- forgiving, exact
+
+@pytest.mark.parametrize("alias, field", [
+    ("learning_rate", "lr"), ("num_train_epochs", "epochs"), ("num_epochs", "epochs"),
+    ("per_device_train_batch_size", "batch_size"), ("train_batch_size", "batch_size"),
+    ("model_name_or_path", "model"), ("task_name", "task"), ("max_seq_length", "max_length"),
+    ("warmup", "warmup_ratio"), ("gradient_accumulation_steps", "grad_accum"),
+    ("lr_decay_factor", "layer_decay")])
+def test_other_tools_names_are_answered_with_the_kits_name(alias, field):
+    """Aliases are rejected, consistently, with the one name the kit uses (difflib alone
+    finds nothing for learning_rate)."""
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict({alias: 1})
+    assert str(info.value) == f"unknown parameter {alias!r} (did you mean {field!r}?)"
+
+
+def test_every_alias_points_at_a_field():
+    from kit.config import PARAMETER_ALIASES
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    assert set(PARAMETER_ALIASES.values()) <= names
+    assert not set(PARAMETER_ALIASES) & names
+
+
+def test_an_alias_injected_into_a_notebook_is_not_dropped_silently():
+    with pytest.raises(ConfigError, match="'learning_rate' \\(did you mean 'lr'\\?\\)"):
+        RunConfig.from_namespace({"task": "RTE", "learning_rate": 1e-4})
+
+
+@pytest.mark.parametrize("spelling, canonical", [
+    ("sst2", "SST-2"), ("sst-2", "SST-2"), ("SST2", "SST-2"), ("Sst-2", "SST-2"),
+    ("sst_2", "SST-2"), ("stsb", "STS-B"), ("STSB", "STS-B"), ("sts-b", "STS-B"),
+    ("mnli", "MNLI"), ("cola", "CoLA"), ("rte", "RTE"), ("qnli", "QNLI"),
+    ("Synthetic", "synthetic"), ("synthetic_pair", "synthetic-pair")])
+def test_task_names_are_normalised_before_the_run_id(spelling, canonical):
+    cfg = RunConfig.from_dict({"task": spelling})
+    assert cfg.task == canonical
+    assert cfg.run_id == RunConfig(task=canonical).run_id
+    assert cfg.run_id.startswith(f"{canonical}-bert-s0-")
+
+
+def test_csv_and_multitask_task_names_are_normalised():
+    csv = {"csv_path": "x.csv", "csv_text_columns": "text", "csv_target": "y"}
+    assert RunConfig.from_dict({**csv, "task": "CSV"}).run_id == \
+        RunConfig.from_dict({**csv, "task": "csv"}).run_id
+    mix = RunConfig.from_dict({"task": "MultiTask", "method": "embert", "tasks": ["rte", "sst2"]})
+    assert (mix.task, mix.tasks) == ("multitask", ("RTE", "SST-2"))
+    assert mix.run_id == RunConfig.from_dict({"task": "multitask", "method": "embert",
+                                              "tasks": ["RTE", "SST-2"]}).run_id
+
+
+def test_unknown_task_gets_a_did_you_mean():
+    with pytest.raises(ConfigError, match="unknown task 'sst3'.*did you mean 'SST-2'"):
+        RunConfig.from_dict({"task": "sst3"})
+    with pytest.raises(ConfigError, match="'tasks': unknown task 'colaa'.*did you mean 'CoLA'"):
+        RunConfig.from_dict({"task": "multitask", "method": "gated", "tasks": ["RTE", "colaa"]})
+
+
+@pytest.mark.parametrize("params, field, want", [
+    ({"task": "csv", "csv_path": "x.csv", "csv_text_columns": "text", "csv_target": "y"},
+     "csv_text_columns", ("text",)),
+    ({"task": "multitask", "method": "embert", "tasks": "RTE"}, "tasks", ("RTE",)),
+    ({"task": "multitask", "method": "embert", "tasks": ("RTE", "CoLA")}, "tasks",
+     ("RTE", "CoLA"))])
+def test_a_bare_string_is_a_one_item_tuple(params, field, want):
+    cfg = RunConfig.from_dict(params)
+    assert getattr(cfg, field) == want
+    hash(cfg)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"csv_metric": "rmse"}, "'csv_metric': for task 'csv'"),
+    ({"csv_test_path": "t.csv"}, "'csv_test_path': for task 'csv'"),
+    ({"task": "csv", "csv_metric": "accuracy"}, "not a regression metric; choose one of rmse"),
+    ({"task": "csv", "csv_regression": False, "csv_metric": "rmse"},
+     "not a classification metric; choose one of accuracy"),
+    ({"task": "csv", "csv_test_path": "t.csv", "csv_id_column": ""}, "'csv_id_column' is empty")])
+def test_csv_submission_knobs_are_validated(bad, needle):
+    csv = {"csv_path": "x.csv", "csv_text_columns": "text", "csv_target": "y"}
+    with pytest.raises(ConfigError, match=needle) as info:
+        RunConfig.from_dict({**(csv if bad.get("task") == "csv" else {}), **bad})
+    assert "\n" not in str(info.value)

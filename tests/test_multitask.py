@@ -214,7 +214,7 @@ def test_config_rules_for_multitask():
     cfg = RunConfig(**MIX, method="gated")
     assert cfg.run_id.startswith("multitask-gated-s0-")
     assert RunConfig.from_dict({**MIX, "tasks": ["RTE", "sst2"], "method": "embert"}).tasks == \
-        ("RTE", "sst2")
+        ("RTE", "SST-2")                                   # task names are normalised
     for bad, needle in [({"method": "bert"}, "'task'"), ({"tasks": ()}, "'tasks'"),
                         ({"tasks": ("RTE", "rte")}, "twice"), ({"tasks": ("NOPE",)}, "unknown"),
                         ({"tasks": ("csv",)}, "'tasks'"), ({"sampling": "uniform"}, "'sampling'"),
