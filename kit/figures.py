@@ -31,6 +31,8 @@ DISPLAY_LABELS = {"SST-2": {"0": "negative", "1": "positive"},
                   "CoLA": {"0": "unacceptable", "1": "acceptable"}}
 _COLORS = {"bert": "tab:gray", "bert-mask": "tab:orange", "ssa-co": "tab:blue",
            "ssa-h": "tab:red"}
+# Markers as well as colours: methods stay apart in greyscale print and for colour-blind readers.
+_MARKERS = {"bert": "D", "bert-mask": "s", "ssa-co": "^", "ssa-h": "o"}
 
 
 def _label(method: str) -> str:
@@ -39,6 +41,20 @@ def _label(method: str) -> str:
 
 def _color(method: str, i: int = 0) -> str:
     return _COLORS.get(method, f"C{(i + 4) % 10}")
+
+
+def _marker(method: str, i: int = 0) -> str:
+    return _MARKERS.get(method, "vP*Xh"[i % 5])
+
+
+def _seeds(runs: pd.DataFrame) -> str:
+    """The seeds of a figure's runs for its title: "seeds 0-2", "seeds 0, 2, 5", "seed 1"."""
+    seeds = sorted({int(s) for s in runs["seed"].dropna()})
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
 
 
 def _method_order(methods) -> list:
@@ -114,6 +130,7 @@ def gamma_points(runs: pd.DataFrame, metric: str = "score",
     scale = score_scale(task, ok)
     stats = (ok.groupby(["method", "gamma"])[metric].agg(["mean", "std", "count"])
              .reset_index().rename(columns={"count": "n"}))
+    stats["seeds"] = _seeds(ok)
     stats[["mean", "std"]] *= scale
     stats.insert(0, "model", model)
     stats.insert(0, "task", task)
@@ -152,8 +169,9 @@ def plot_gamma(points: pd.DataFrame, baseline: dict | None = None, ax=None,
     for i, (method, rows) in enumerate(groups):
         n = ", ".join(sorted({str(int(v)) for v in rows["n"]}))
         shift = dodge * span * (i - (len(groups) - 1) / 2)    # keep error bars apart
-        ax.errorbar(rows["gamma"] + shift, rows["mean"], yerr=rows["std"].fillna(0), marker="o",
-                    capsize=3, color=_color(method, i), label=f"{_label(method)} (n={n})")
+        ax.errorbar(rows["gamma"] + shift, rows["mean"], yerr=rows["std"].fillna(0),
+                    marker=_marker(method, i), capsize=3, color=_color(method, i),
+                    label=f"{_label(method)} (n={n})")
     if baseline is not None:
         ax.axhline(baseline["mean"], color=_color(baseline["method"]), linestyle="--",
                    label=f"{baseline['label']} (n={baseline['n']})")
@@ -165,7 +183,8 @@ def plot_gamma(points: pd.DataFrame, baseline: dict | None = None, ax=None,
     ax.set_xlabel("γ (masked variants per kept sentence per epoch)")
     metric, scale = points["metric"].iloc[0], points["scale"].iloc[0]
     ax.set_ylabel(f"dev {metric}" + (" (x100)" if scale == 100 else ""))
-    ax.set_title(title or f"{points['task'].iloc[0]}, {points['model'].iloc[0]}: "
+    seeds = f", {points['seeds'].iloc[0]}" if "seeds" in points else ""
+    ax.set_title(title or f"{points['task'].iloc[0]}, {points['model'].iloc[0]}{seeds}: "
                  f"sensitivity to γ (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -195,15 +214,18 @@ def load_history(run_dir: str | os.PathLike) -> pd.DataFrame:
     return history
 
 
-def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS, loss: str = "loss",
-                seeds: Sequence[int] | None = None) -> pd.DataFrame:
+def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS,
+                loss: str = "loss_target", seeds: Sequence[int] | None = None) -> pd.DataFrame:
     """Training loss against wall-clock time, one row per logged window of each finished run of
-    `methods`: run_id, method, label, seed, step, epoch, wall_s, loss, log10_loss.
+    `methods`: run_id, task, model, method, label, seed, step, epoch, wall_s, loss, log10_loss,
+    loss_name.
 
-    `loss` is a history.csv column: "loss" is the training objective (for SSA methods
-    alpha * L_target + (1 - alpha) * L_SSA, as the paper plots it); "loss_target" is the target
-    task's loss alone, which is "loss" for methods without auxiliary terms. wall_s counts from
-    the start of training, label generation and evaluation included (the SSA delays in Fig. 6).
+    `loss` is a history.csv column: "loss_target" (default) is the target task's loss, the
+    number that compares across methods ("loss" for methods without auxiliary terms); "loss" is
+    the training objective (for SSA alpha * L_target + (1 - alpha) * L_SSA, as the paper plots
+    it, and alpha * L_target alone before SSA starts); "loss_ssa" is NaN before
+    ssa_start_epoch, where it was not computed (no zero line). wall_s counts from the start of
+    training, label generation and evaluation included (the SSA delays in Fig. 6).
     log10_loss is NaN where the loss is not positive."""
     ok = _ok(runs)
     ok = ok[ok["method"].isin(methods)] if len(ok) else ok
@@ -220,22 +242,28 @@ def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS, loss:
         if loss not in history.columns and loss != "loss_target":
             raise ValueError(f"{run['run_dir']}/history.csv: no column {loss!r}")
         values = history[column].astype(float)
+        if column == "loss_ssa" and "epoch" in history:   # logged before SSA started: no term
+            start = run.get("ssa_start_epoch", 1)
+            values = values.where(history["epoch"] > (1 if pd.isna(start) else start))
         frames.append(pd.DataFrame({
-            "run_id": run["run_id"], "method": run["method"], "label": _label(run["method"]),
+            "run_id": run["run_id"], "task": run["task"], "model": run.get("model"),
+            "method": run["method"], "label": _label(run["method"]),
             "seed": run["seed"], "step": history["step"],
             "epoch": history["epoch"] if "epoch" in history else np.nan,
             "wall_s": history["wall_s"].astype(float), "loss": values,
-            "log10_loss": np.log10(values.where(values > 0))}))
+            "log10_loss": np.log10(values.where(values > 0)), "loss_name": loss}))
     return pd.concat(frames, ignore_index=True)
 
 
 def cost_summary(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS) -> pd.DataFrame:
     """Per finished run of `methods`: wall seconds in total, training, SSA label generation and
-    evaluation, the label generation share of the total, and the best dev score."""
+    evaluation, the best dev score, the last logged target-task loss (train_loss_target: the
+    loss that compares across methods) and the label generation share of the total."""
     ok = _ok(runs)
     ok = ok[ok["method"].isin(methods)] if len(ok) else ok
-    columns = ["wall_total_s", "wall_train_s", "wall_label_generation_s", "wall_eval_s"]
-    table = ok[["method", "seed", *[c for c in columns if c in ok.columns], "score"]].copy()
+    columns = ["wall_total_s", "wall_train_s", "wall_label_generation_s", "wall_eval_s",
+               "score", "train_loss_target"]
+    table = ok[["method", "seed", *[c for c in columns if c in ok.columns]]].copy()
     if {"wall_total_s", "wall_label_generation_s"} <= set(table.columns):
         table["label_generation_share"] = (table["wall_label_generation_s"]
                                            / table["wall_total_s"]).round(3)
@@ -252,13 +280,17 @@ def plot_cost(curves: pd.DataFrame, ax=None, title: str | None = None):
         rows = curves[curves["method"] == method]
         for j, (seed, run) in enumerate(rows.groupby("seed")):
             ax.plot(run["wall_s"], run["log10_loss"], color=_color(method, i),
+                    marker=_marker(method, i), markevery=max(len(run) // 8, 1), markersize=4,
                     alpha=0.9 if j == 0 else 0.45, linewidth=1.3,
                     label=_label(method) + (f" ({rows['seed'].nunique()} seeds)"
                                             if rows["seed"].nunique() > 1 else "")
                     if j == 0 else None)
     ax.set_xlabel("wall-clock time (s)")
-    ax.set_ylabel("log10 training loss")
-    ax.set_title(title or "Training cost: loss against time")
+    names = {"loss_target": "target-task loss L_target", "loss": "training objective"}
+    name = curves["loss_name"].iloc[0] if "loss_name" in curves else "loss"
+    ax.set_ylabel(f"log10 {names.get(name, name)}")
+    where = ", ".join(str(curves[c].iloc[0]) for c in ("task", "model") if c in curves)
+    ax.set_title(title or f"Training cost on {where}, {_seeds(curves)}: loss against time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -267,7 +299,7 @@ def plot_cost(curves: pd.DataFrame, ax=None, title: str | None = None):
 
 def cost_figure(outputs_dir: str | os.PathLike = "outputs", profile: str | None = None,
                 task: str | None = None, model: str | None = None,
-                methods: Sequence[str] = COST_METHODS, loss: str = "loss",
+                methods: Sequence[str] = COST_METHODS, loss: str = "loss_target",
                 seeds: Sequence[int] | None = None):
     """Fig. 6 in one call: collect a profile's runs (one task), then plot_cost."""
     runs = collect_runs(outputs_dir, profile, task=task or None, model=model or None)
@@ -300,7 +332,8 @@ def label_quality(runs: pd.DataFrame, methods: Sequence[str] = LABEL_METHODS) ->
             if stats.get("cue_share_label1") is None and stats.get(
                     "distractor_share_label1") is None:
                 continue
-            rows.append({"run_id": run["run_id"], "task": run["task"], "method": run["method"],
+            rows.append({"run_id": run["run_id"], "task": run["task"], "model": run.get("model"),
+                         "method": run["method"],
                          "label": _label(run["method"]), "seed": run["seed"],
                          "epoch": stats["epoch"], **{k: stats.get(k) for k in keep}})
     if not rows:
@@ -319,17 +352,23 @@ def plot_label_quality(frame: pd.DataFrame, ax=None, title: str | None = None):
     for i, method in enumerate(_method_order(frame["method"].unique())):
         rows = frame[frame["method"] == method]
         seeds = rows["seed"].nunique()
-        for column, style, what in (("cue_share_label1", "-", "cue tokens"),
-                                    ("distractor_share_label1", "--", "distractors")):
+        # cue and distractor points of one method share its colour: filled vs open markers
+        for column, style, face, what in (("cue_share_label1", "-", None, "cue tokens"),
+                                          ("distractor_share_label1", "--", "white",
+                                           "distractors")):
             stats = rows.groupby("epoch")[column].agg(["mean", "std"]).reset_index()
             ax.errorbar(stats["epoch"], stats["mean"], yerr=stats["std"].fillna(0),
-                        linestyle=style, marker="o", capsize=3, color=_color(method, i),
+                        linestyle=style, marker=_marker(method, i), markerfacecolor=face,
+                        capsize=3, color=_color(method, i),
                         label=f"{_label(method)}: {what} (n={seeds})")
     ax.set_xticks(sorted(frame["epoch"].unique()))
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("epoch (labels generated with the model after the previous epoch)")
     ax.set_ylabel("share of SSA label 1")
-    ax.set_title(title or f"SSA label quality on {', '.join(sorted(frame['task'].unique()))}")
+    where = ", ".join(sorted(map(str, frame["task"].unique())))
+    if "model" in frame:
+        where += ", " + ", ".join(sorted(map(str, frame["model"].dropna().unique())))
+    ax.set_title(title or f"SSA label quality on {where}, {_seeds(frame)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

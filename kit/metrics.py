@@ -145,6 +145,17 @@ def three_subset_stats(task: Task, predictions, labels, seed: int = 0) -> dict:
     return {"mean": float(np.mean(subsets)), "std": float(np.std(subsets)), "subsets": subsets}
 
 
+def heldout_epoch(subsets_per_epoch: list[list[float]]) -> tuple[int, float]:
+    """Model selection that does not see what it reports: the epoch (index into the list) with
+    the highest task score on dev subset 1 of `three_subsets` (the earliest on ties, as the
+    training loop keeps the first best), and the mean of that epoch's scores on subsets 2 and 3.
+    Each epoch's entry is its three_subset_stats "subsets" list."""
+    if not subsets_per_epoch:
+        raise ValueError("heldout_epoch: no epochs")
+    best = int(np.argmax([s[0] for s in subsets_per_epoch]))
+    return best, float(np.mean(subsets_per_epoch[best][1:]))
+
+
 def is_constant(values) -> bool:
     """Whether a cell's values over seeds are all equal (at least 2 of them): a degenerate cell,
     e.g. CoLA MCC 0.0 from a model that predicts the majority class on every seed. Its std of 0

@@ -90,3 +90,17 @@ def paper_row(table: str, method: str) -> PaperRow | None:
     if table not in PAPER_RESULTS:
         raise ValueError(f"unknown paper table {table!r}: choose one of {list(PAPER_RESULTS)}")
     return next((row for row in PAPER_RESULTS[table] if row.method == method), None)
+
+
+# The profiles that reproduce the paper's tables: `paper: auto` adds the paper's rows (and the
+# measured - paper deltas) to their results tables, and to no other profile's.
+PAPER_PROFILES = ("paper-base", "paper-small", "paper-small-cpu", "paper-large", "paper-grid",
+                  "roberta")
+
+
+def paper_profile(profile: str | None) -> bool:
+    """Whether a profile (a name in params/ or a YAML path) is one of PAPER_PROFILES."""
+    if not profile:
+        return False
+    name = str(profile).replace("\\", "/").rsplit("/", 1)[-1]
+    return name.removesuffix(".yaml").removesuffix(".yml") in PAPER_PROFILES

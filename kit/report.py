@@ -18,12 +18,13 @@ import pandas as pd
 
 from kit import io as kio
 from kit.config import RunConfig
-from kit.metrics import reported_metrics, significance_mark, welch_test
-from kit.paper_results import PAPER_TASKS, PaperRow, paper_row
-from kit.tasks import GLUE_TASKS, csv_task, get_task
-
-# Row order and labels of the paper's tables; other methods follow, alphabetically.
-METHOD_LABELS = {"bert": "BERT-r", "bert-mask": "BERT-mask", "ssa-co": "SSA-Co", "ssa-h": "SSA-H"}
+from kit.metrics import heldout_epoch
+from kit.paper_results import PAPER_TASKS, paper_profile
+# Re-exported: the tables' names callers know from kit.report (figures, notebooks, tests).
+from kit.tables import (EPOCH_VIEWS, METHOD_LABELS, budget_view, comparisons,  # noqa: F401
+                        epoch_table, epoch_view, fold_runs, paper_table, paper_table_for,
+                        runs_table, score_scale, sorted_groups, summary_table)
+from kit.tasks import csv_task
 
 # Columns every frame from `load_runs` has, even when no run provided them.
 _BASE_COLUMNS = ("run_id", "task", "model", "method", "seed", "status", "error", "score",
@@ -98,10 +99,28 @@ def _run_row(run_dir: Path) -> dict:
     row.update({f"wall_{part}_s": secs for part, secs in (metrics.get("wall_s") or {}).items()})
     row.update(train_examples_per_s=metrics.get("train_examples_per_s"),
                peak_memory_mb=metrics.get("peak_memory_mb"))
+    row.update({f"last_{k}": v for k, v in (metrics.get("last_dev") or {}).items()})
+    subsets = [e["three_subset"]["subsets"] for e in metrics.get("epochs") or []
+               if len((e.get("three_subset") or {}).get("subsets") or []) == 3]
+    if subsets and len(subsets) == len(metrics["epochs"]):
+        row["heldout_epoch"], row["heldout_score"] = heldout_epoch(subsets)
+    row["train_loss_target"] = _last_target_loss(run_dir)
     for key, value in _scalars(config).items():
         row.setdefault(key, value)              # what metrics.json says wins over the config
     row["run_dir"] = str(run_dir)
     return row
+
+
+def _last_target_loss(run_dir: Path) -> float | None:
+    """The target-task loss of the run's last logged window (history.csv `loss_target`, or
+    `loss` where the method adds no term): comparable across methods, unlike `loss`, which for
+    SSA is alpha * L_target + (1 - alpha) * L_SSA (and alpha * L_target before SSA starts)."""
+    path = run_dir / "history.csv"
+    if not path.exists():
+        return None
+    last = pd.read_csv(path).iloc[-1:]
+    column = "loss_target" if "loss_target" in last.columns else "loss"
+    return float(last[column].iloc[0]) if len(last) and column in last.columns else None
 
 
 def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.DataFrame:
@@ -110,7 +129,10 @@ def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     `run_dirs` is either the runs root (outputs/runs: every non-hidden sub-folder is a run) or an
     iterable of run folders. Columns: run_id, task, model, method, seed, status, error, each
     best_dev metric under its own name (accuracy, f1, accuracy_mm, score ...), best_epoch,
-    three_subset_mean/std, wall_<part>_s, train_examples_per_s, peak_memory_mb, then the
+    three_subset_mean/std, wall_<part>_s, train_examples_per_s, peak_memory_mb, the last
+    epoch's dev metrics as last_<name>, heldout_epoch / heldout_score (the epoch chosen on dev
+    subset 1, its score on subsets 2-3: `kit.metrics.heldout_epoch`), train_loss_target (the
+    last logged target-task loss, comparable across methods), then the
     config's scalar entries (lr, batch_size, epochs, alpha, beta, gamma ...), and run_dir.
 
     Failed runs are rows with status "failed" (their metric columns are NaN). A folder without
@@ -176,201 +198,12 @@ def collect_runs(outputs_dir: str | os.PathLike = "outputs", profile: str | None
     return df.reset_index(drop=True)
 
 
-def score_scale(task_name: str, rows: pd.DataFrame | None = None) -> int:
-    """100 for tasks whose numbers are fractions shown x100 (everything but rmse), else 1."""
-    rows = pd.DataFrame() if rows is None else rows
-    return 100 if _percent_task(task_name, rows) else 1
-
-
-# ---------------------------------------------------------------- tasks, methods, order
-
-def _task_rank(task) -> tuple:
-    """GLUE order first (the paper's column order), any other task after, by name."""
-    return (PAPER_TASKS.index(task), "") if task in PAPER_TASKS else (len(PAPER_TASKS), str(task))
-
-
-def _method_rank(method) -> tuple:
-    order = list(METHOD_LABELS)
-    return (order.index(method), "") if method in order else (len(order), str(method))
-
-
-def _official_metrics(task_name: str, rows: pd.DataFrame) -> tuple[str, ...]:
-    """The metric columns a table shows for a task (MRPC: f1, accuracy; MNLI: accuracy, _mm)."""
-    if task_name == "csv":   # CSV tasks are built per file: regression ones report rmse
-        regression = "rmse" in rows.columns and rows["rmse"].notna().any()
-        return csv_task(("text",), None if regression else ("0", "1")).metrics
-    try:
-        return reported_metrics(get_task(str(task_name)))
-    except ValueError:       # a task this kit version does not know: its score is all we have
-        return ("score",)
-
-
-def _percent_task(task_name: str, rows: pd.DataFrame) -> bool:
-    """Whether a task's numbers are fractions shown x100 (not an rmse, which keeps its units)."""
-    return "rmse" not in _official_metrics(task_name, rows)
-
-
-def _sorted_groups(df: pd.DataFrame, keys: Sequence[str]):
-    """df.groupby(keys) in table order: tasks in GLUE order, methods in the paper's order."""
-    def rank(key_values):
-        named = dict(zip(keys, key_values))
-        return tuple(_task_rank(v) if k == "task" else _method_rank(v) if k == "method"
-                     else (str(v),) for k, v in named.items())
-    groups = dict(list(df.groupby(list(keys), dropna=False, sort=False)))
-    return [(key, groups[key]) for key in sorted(groups, key=rank)]
-
-
-def _ok_runs(rows: pd.DataFrame, what: str) -> pd.DataFrame:
-    """The OK runs of one table cell, which must be one run per seed: several runs per seed
-    mean several hyper-parameter configurations are mixed, which no mean over seeds should do."""
-    ok = rows[rows["status"] == "ok"]
-    if ok["seed"].duplicated().any():
-        raise ValueError(f"{what}: several OK runs for one seed: select one configuration per "
-                         f"group first (select_by_three_subsets / select_by_best_dev), or group "
-                         f"by the hyper-parameters")
-    return ok
-
-
-def _status_counts(rows: pd.DataFrame) -> dict[str, int]:
-    return {s: int((rows["status"] == s).sum()) for s in ("failed", "missing")}
-
-
-# ---------------------------------------------------------------- tables
-
-def summary_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
-    """Per task x model x method (x the `by` columns, e.g. ["gamma"]): over the seeds of the OK
-    runs, mean and sample std of the task score and each official metric (fractions), the number
-    of seeds, and how many runs failed or are missing. k-fold runs (n_folds >= 2) are
-    summarised per fold: each fold is its own dev set, never averaged with seeds (fold_table
-    gives the mean over folds)."""
-    keys = ["task", "model", "method", *by]
-    if "fold" not in keys and len(_fold_runs(df)):
-        keys.append("fold")
-    rows = []
-    for key, group in _sorted_groups(df, keys):
-        ok = _ok_runs(group, "/".join(map(str, key)))
-        row = dict(zip(keys, key), n_seeds=len(ok), **{
-            f"n_{s}": n for s, n in _status_counts(group).items()})
-        for metric in ("score", *_official_metrics(key[0], group)):
-            values = ok[metric] if metric in ok.columns else pd.Series(dtype=float)
-            row[f"{metric}_mean"], row[f"{metric}_std"] = values.mean(), values.std()
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _joined(values: list[float] | None, spec: str) -> str:
-    """A cell's numbers the paper's way, "88.9/84.8"; "" when there are none."""
-    return "/".join(format(v, spec) for v in values) if values else ""
-
-
-def _measured_cell(task: str, rows: pd.DataFrame, baseline: pd.DataFrame | None,
-                   what: str) -> tuple[list[float] | None, str]:
-    """One measured cell: (the metric means as shown, its text). The mark says the task score
-    is significantly higher than the baseline's (Welch over seeds), as the paper's marks do."""
-    if rows.empty:                            # the method was not run on this task
-        return None, ""
-    ok, counts = _ok_runs(rows, what), _status_counts(rows)
-    notes = ", ".join([f"n={len(ok)}"] + [f"{n} {s}" for s, n in counts.items() if n])
-    if ok.empty:
-        return None, f"n/a ({notes})"
-    scale, spec = (100, ".1f") if _percent_task(task, rows) else (1, ".3f")
-    metrics = _official_metrics(task, rows)
-    means = [ok[m].mean() * scale for m in metrics]
-    mark = ""
-    if baseline is not None and ok["score"].mean() > baseline["score"].mean():
-        mark = significance_mark(welch_test(ok["score"], baseline["score"]))
-    spread = f" ± {_joined([ok[m].std() * scale for m in metrics], spec)}" if len(ok) > 1 else ""
-    return means, f"{_joined(means, spec)}{mark}{spread} ({notes})"   # no std from one seed
-
-
-def _avg(cells: dict[str, list[float] | None], percent_tasks: list[str]) -> str:
-    """GLUE-style average: mean over tasks of each task's score (the mean of its metrics, so an
-    F1/acc pair counts once). Only over x100 tasks, and only when every one has a value."""
-    if not percent_tasks or any(cells.get(t) is None for t in percent_tasks):
-        return "n/a"
-    return f"{np.mean([np.mean(cells[t]) for t in percent_tasks]):.1f}"
-
-
-def _published_rows(label: str, row: PaperRow, means: dict, tasks: list[str],
-                    percent_tasks: list[str]) -> dict[str, dict]:
-    """The paper's row for a method and the measured-minus-published row, over the table's
-    tasks (tasks outside the paper's tables stay blank)."""
-    published = {t: [row.values[f"{t}/{m}"] for m in reported_metrics(GLUE_TASKS[t])]
-                 if t in PAPER_TASKS else None for t in tasks}
-    deltas = {t: [m - p for m, p in zip(means[t], published[t])]
-              if means[t] and published[t] else None for t in tasks}
-    return {
-        f"{label} (paper)": {"Avg": _avg(published, percent_tasks), **{
-            t: _joined(published[t], ".1f") + row.marks.get(t, "") for t in tasks}},
-        f"{label} (measured - paper)": {"Avg": _avg(deltas, percent_tasks), **{
-            t: _joined(deltas[t], "+.1f") for t in tasks}},
-    }
-
-
-def paper_table_for(model: str) -> str:
-    """The paper's table to compare a backbone with: roberta-large / roberta-base for RoBERTa
-    names, large for other "large" names, else base (Table 2, BERT-base; also the closest
-    comparison for the small embedded model)."""
-    name = str(model).lower()
-    if "roberta" in name:
-        return "roberta-large" if "large" in name else "roberta-base"
-    return "large" if "large" in name else "base"
-
-
-def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = None
-                ) -> pd.DataFrame:
-    """The paper's Table 2 layout from the runs in `df` (one configuration per seed).
-
-    Rows: methods (BERT-r, BERT-mask, SSA-Co, SSA-H, then others), per model when `df` holds
-    several (labels get " [model]"). Columns: Avg, then the tasks present in GLUE order, then
-    other tasks. A cell is "mean/mean* ± std/std (n=.., k failed, k missing)" x100 with one
-    decimal (MRPC/QQP F1/acc, STS-B pearson/spearman, MNLI m/mm); "*"/"**" mark a task score
-    significantly higher than the `baseline` method's (two-sided Welch test over seeds,
-    p < 0.05 / 0.01; like the paper, lower scores are never marked). Avg is the GLUE average of
-    the task scores, "n/a" when a task has no OK run.
-    k-fold CSV runs are left out (fold_table and oof_metrics are their tables).
-
-    `paper` ("base", "large", "roberta-base", "roberta-large") adds under each method the
-    paper's row "<label> (paper)" and "<label> (measured - paper)"; "auto" picks the table per
-    model (`paper_table_for`). The paper's numbers are
-    GLUE test scores of full-size models; deltas of dev runs of other backbones are no
-    reproduction check, the gains over the baseline row are the comparable part.
-    """
-    df = df.dropna(subset=["task", "method"])   # folders with neither metrics nor config
-    df = df.drop(_fold_runs(df).index)          # k-fold CSV runs: see fold_table
-    tasks = sorted(df["task"].unique(), key=_task_rank)
-    percent_tasks = [t for t in tasks if _percent_task(t, df[df["task"] == t])]
-    several_models = df["model"].nunique() > 1
-    table = {}
-    for (model, method), runs in _sorted_groups(df, ["model", "method"]):
-        label = METHOD_LABELS.get(method, str(method)) + (f" [{model}]" if several_models else "")
-        base = df[(df["model"] == model) & (df["method"] == baseline) & (df["status"] == "ok")]
-        cells = {t: _measured_cell(t, runs[runs["task"] == t],
-                                   None if method == baseline else base[base["task"] == t],
-                                   f"{label} on {t}") for t in tasks}
-        means = {t: cell[0] for t, cell in cells.items()}
-        table[label] = {"Avg": _avg(means, percent_tasks), **{t: c[1] for t, c in cells.items()}}
-        published = paper_table_for(model) if paper == "auto" else paper
-        if published and (row := paper_row(published, method)):
-            table.update(_published_rows(label, row, means, tasks, percent_tasks))
-    out = pd.DataFrame.from_dict(table, orient="index", columns=["Avg", *tasks])
-    out.index.name = "Model"
-    return out
-
-
 # ---------------------------------------------------------------- k-fold CSV runs
 
 # Metric columns a fold table shows, in this order, when the runs have them (regression CSV
 # tasks: rmse, mse, pearson, spearman; classification: accuracy, f1, f1_macro).
 _FOLD_METRICS = ("rmse", "mse", "pearson", "spearman", "accuracy", "f1", "f1_macro", "mcc")
 _FOLD_KEYS = ("task", "model", "method", "seed")
-
-
-def _fold_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The k-fold runs of a load_runs frame (config n_folds >= 2)."""
-    if "n_folds" not in df.columns or "fold" not in df.columns:
-        return df.iloc[0:0]
-    return df[pd.to_numeric(df["n_folds"], errors="coerce").fillna(0) >= 2]
 
 
 def fold_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
@@ -380,11 +213,11 @@ def fold_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     rmse, mse, pearson, spearman (rmse/mse in the target's units); classification ones accuracy
     and F1. Several OK runs for one fold of a group mean mixed configurations: pass the
     hyper-parameters that differ as `by`."""
-    df = _fold_runs(df)
+    df = fold_runs(df)
     keys = [*_FOLD_KEYS, *by]
     metrics = [m for m in _FOLD_METRICS if m in df.columns and df[m].notna().any()]
     rows = []
-    for key, group in _sorted_groups(df, keys):
+    for key, group in sorted_groups(df, keys):
         named = dict(zip(keys, key))
         ok = group[group["status"] == "ok"]
         if ok["fold"].duplicated().any():
@@ -515,14 +348,14 @@ def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str,
     tables: dict[str, pd.DataFrame] = {}
     if len(ok) and "bert" in set(ok["method"]) and not by and "fold" not in varying:
         tables["Paper layout (Table 2)"] = paper_table(runs)
-    if len(_fold_runs(runs)) and ("fold" in varying or runs["fold"].nunique() > 1):
+    if len(fold_runs(runs)) and ("fold" in varying or runs["fold"].nunique() > 1):
         tables["Folds (per fold; mean ± std over folds)"] = fold_table(runs, by)
         oof = oof_predictions(runs["run_dir"], columns=by)
         if len(oof):
             tables["Out-of-fold (all folds' dev predictions together)"] = oof_metrics(oof, by)
     else:
         tables["Summary (mean ± std over seeds)"] = summary_table(runs, by)
-    tables["Runs"] = runs
+    tables["Runs"] = runs_table(runs)
     return tables
 
 
@@ -618,7 +451,7 @@ def selection_table(df: pd.DataFrame, group_keys: Sequence[str] = ("task", "mode
     picks = {rule: select_runs(df, rule, group_keys, keys)
              for rule in ("three_subset", "best_dev")}
     rows = []
-    for key, group in _sorted_groups(df, list(group_keys)):
+    for key, group in sorted_groups(df, list(group_keys)):
         named = dict(zip(group_keys, key))
         scale = score_scale(named.get("task", ""), group)
         ok = group[group["status"] == "ok"]
@@ -642,21 +475,37 @@ def selection_table(df: pd.DataFrame, group_keys: Sequence[str] = ("task", "mode
 
 
 def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "three_subset",
-                   baseline: str = "bert", candidate_keys: Sequence[str] | None = None
+                   baseline: str = "bert", candidate_keys: Sequence[str] | None = None,
+                   test: str = "welch", epoch: str = "best", profile: str | None = None
                    ) -> dict[str, pd.DataFrame]:
-    """The tables of notebooks/results.ipynb from collected runs: the paper's layout (with the
-    paper's rows and deltas when `paper` is set) and the summary over seeds, both of the
-    configuration `rule` selects per task x model x method, and, when hyper-parameters vary,
-    the selection table (three-subset rule next to best-dev). Ready for `write_tables`."""
+    """The tables of notebooks/results.ipynb from collected runs, of the configuration `rule`
+    selects per task x model x method: the paper's layout in the `epoch` view (EPOCH_VIEWS),
+    marks from `test` (welch / permutation) Holm-corrected across the table; the comparisons
+    behind the marks (p and Holm p); the summary over seeds; the task score in every epoch view;
+    with runs of budget equal_steps, the paper layout at equal optimizer steps too; and, when
+    hyper-parameters vary, the selection table. Each table's caption is in `.attrs`.
+
+    `paper`: "auto" adds the paper's rows (and measured - paper deltas) only for the paper's
+    profiles (kit.paper_results.PAPER_PROFILES), a table name ("base" ...) always, "" never.
+    Ready for `write_tables`."""
     ok = df[df["status"] == "ok"] if len(df) else df
     if ok.empty:
         raise ValueError("no finished (status ok) runs to tabulate: run the profile first "
                          "(./run_all.sh PROFILE) or check outputs_dir / profile")
     selected = select_runs(df, rule, candidate_keys=candidate_keys)
-    if not set(ok["task"]) & set(PAPER_TASKS):
-        paper = None                    # no task of the paper's tables: no rows to compare
-    tables = {"Paper layout": paper_table(selected, baseline=baseline, paper=paper or None),
-              "Summary over seeds": summary_table(selected)}
+    if not set(ok["task"]) & set(PAPER_TASKS) or (paper == "auto" and not paper_profile(profile)):
+        paper = None                    # no task of the paper's tables, or not a paper profile
+    budgets = sorted(set(selected.get("budget", pd.Series(dtype=str)).dropna()) - {"epochs"})
+    runs = budget_view(selected, "epochs")
+    options = dict(baseline=baseline, test=test, epoch=epoch)
+    tables = {"Paper layout": paper_table(runs, paper=paper or None, **options),
+              "Comparisons": comparisons(epoch_view(runs, epoch), baseline, test)}
+    for budget in budgets:
+        tables[f"Paper layout ({budget.replace('_', ' ')})"] = paper_table(
+            budget_view(selected, budget), **options)
+    by = ["budget"] if budgets else []
+    tables["Summary over seeds"] = summary_table(selected, by)
+    tables["Epoch selection"] = epoch_table(runs)
     selection = selection_table(df, candidate_keys=candidate_keys)
     if len(selection):
         tables["Model selection"] = selection
@@ -685,30 +534,45 @@ def _with_index(table: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=not named)
 
 
+def _slug(text: str) -> str:
+    """A file-name and LaTeX-label friendly form of a table title."""
+    return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
+
+
 def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
                  tables_dir: str | os.PathLike) -> list[Path]:
-    """Write `<name>.md`, `<name>.csv` and `<name>.tex` under `tables_dir`, each atomically
-    (kit.io: a crash leaves the old file or the new one, never half of one).
+    """Write `<name>.md`, one CSV per table and `<name>.tex` under `tables_dir`, each
+    atomically (kit.io: a crash leaves the old file or the new one, never half of one).
 
-    `tables` is one table, or {title: table} for several in one file set (a profile's summary,
-    paper table and selection): md gets a "## title" section per table, tex a captioned tabular
-    per table, csv one frame with a leading `table` column. All three texts are built before
-    anything is written, so a formatting error leaves the old files untouched.
+    `tables` is one table (`<name>.csv`), or {title: table} for several in one file set (a
+    profile's summary, paper table and selection): md gets a "## title" section per table, csv
+    a file per table, `<name>-<title slug>.csv` (tables of different shapes are never stacked),
+    tex a booktabs table per table with a caption (the title and the table's
+    `attrs["caption"]`, which md prints under the table) and a label `tab:<name>-<title slug>`.
+    All texts are built before anything is written, so a formatting error leaves the old files
+    untouched.
     """
     named = {name: tables} if isinstance(tables, pd.DataFrame) else dict(tables)
     several = not isinstance(tables, pd.DataFrame)
+    captions = {title: t.attrs.get("caption", "") for title, t in named.items()}
     frames = {title: _with_index(t) for title, t in named.items()}
     md = "\n".join((f"## {title}\n\n" if several else "") + _markdown(f)
+                   + (f"\n{captions[title]}\n" if captions[title] else "")
                    for title, f in frames.items())
-    csv = (pd.concat([f.assign(table=title)[["table", *f.columns]] for title, f in frames.items()])
-           if several else frames[name]).to_csv(index=False)
+    csvs = {(f"{name}-{_slug(title)}" if several else name): f.to_csv(index=False)
+            for title, f in frames.items()}
     tex = "\n".join(f.to_latex(index=False, escape=True, na_rep="", float_format="{:.6g}".format,
-                               caption=title if several else None)
-                    for title, f in frames.items()).replace("±", r"$\pm$")  # robust in any TeX
-    paths = [Path(tables_dir) / f"{name}.{ext}" for ext in ("md", "csv", "tex")]
-    for path, text in zip(paths, (md, csv, tex)):
+                               caption=" ".join(filter(None, [title + ".", captions[title]]))
+                               .replace("<", "$<$"),
+                               label=f"tab:{_slug(name)}" + (f"-{_slug(title)}" if several else ""))
+                    for title, f in frames.items()
+                    ).replace("±", r"$\pm$").replace("†", r"$\dagger$")   # robust in any TeX
+    texts = {Path(tables_dir) / f"{name}.md": md,
+             **{Path(tables_dir) / f"{stem}.csv": text for stem, text in csvs.items()},
+             Path(tables_dir) / f"{name}.tex": tex}
+    for path, text in texts.items():
         kio.write_text(path, text)            # tmp file beside it, then os.replace
-    return paths
+    return list(texts)
 
 
 def write_results(tables: pd.DataFrame | Mapping[str, pd.DataFrame],

@@ -27,7 +27,10 @@ def plot_loss(run_dir: str | Path, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     for column in [c for c in history.columns if c.startswith("loss")]:
-        ax.plot(history["step"], history[column], label=column)
+        values = history[column]
+        if column == "loss_ssa":     # logged as 0 before SSA starts: not computed, not drawn
+            values = values.where(values.ne(0).cummax())
+        ax.plot(history["step"], values, label=column)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
     ax.legend()

@@ -205,3 +205,42 @@ def test_find_run_needs_a_checkpoint(tmp_path):
     (tmp_path / "b" / "checkpoint" / "best").mkdir(parents=True)
     (tmp_path / "b" / "checkpoint" / "best" / "head_spec.json").write_text("{}")
     assert figures.find_run(runs, "bert", seed=0) == tmp_path / "b"
+
+
+# ---------------------------------------------------------------- paper-ready details
+
+def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
+    fig = figures.plot_gamma(figures.gamma_points(gamma_runs), figures.gamma_baseline(gamma_runs))
+    assert fig.axes[0].get_title().startswith("SST-2, minilm, seeds 0-2: ")
+    markers = {c.get_label(): c.lines[0].get_marker() for c in fig.axes[0].containers}
+    assert list(markers) == ["BERT-mask (n=3)", "SSA-H (n=3)"]
+    assert len(set(markers.values())) == 2                              # one marker per method
+    cost = tmp_path / "cost"                                 # apart from the gamma runs
+    make_run(cost, "b", method="bert", history=history([0.7, 0.5]))
+    make_run(cost, "h", method="ssa-h", seed=2, history=history([0.9, 0.5], [0.8, 0.4]))
+    fig = figures.plot_cost(figures.cost_curves(load_runs(cost)))
+    assert fig.axes[0].get_title() == ("Training cost on SST-2, minilm, seeds 0, 2: "
+                                       "loss against time")
+    assert fig.axes[0].get_ylabel() == "log10 target-task loss L_target"
+    matplotlib.pyplot.close("all")
+
+
+def test_label_quality_cue_and_distractor_markers_differ(tmp_path):
+    make_run(tmp_path, "h0", task="synthetic", method="ssa-h", ssa_labels=[stats(1, 0.6, 0.1)])
+    fig = figures.plot_label_quality(figures.label_quality(load_runs(tmp_path)))
+    ax = fig.axes[0]
+    lines = [line for line in ax.get_lines() if len(line.get_xdata())]
+    faces = {str(line.get_markerfacecolor()) for line in lines}
+    assert len(faces) == 2                                               # filled and open
+    assert ax.get_title() == "SSA label quality on synthetic, minilm, seed 0"
+    matplotlib.pyplot.close("all")
+
+
+def test_no_ssa_loss_before_ssa_starts(tmp_path):
+    # ssa_start_epoch 1: the rows of epoch 0 (epoch <= 1 in history.csv) had no SSA loss term
+    rows = history([0.5, 0.5, 0.4, 0.3], [0.7, 0.7, 0.5, 0.4])
+    rows.update(epoch=[0.5, 1.0, 1.5, 2.0], loss_ssa=[0.0, 0.0, 0.2, 0.1])
+    make_run(tmp_path, "h", method="ssa-h", history=rows, ssa_start_epoch=1)
+    curves = figures.cost_curves(load_runs(tmp_path), loss="loss_ssa")
+    assert curves["loss"].isna().tolist() == [True, True, False, False]
+    assert curves["loss"].tolist()[2:] == [0.2, 0.1]

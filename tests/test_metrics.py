@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kit.metrics import (compute_metrics, evaluate_splits, holm, is_constant, permutation_test,
-                         reported_metrics, significance_mark, three_subset_stats, three_subsets,
-                         welch_test)
+from kit.metrics import (compute_metrics, evaluate_splits, heldout_epoch, holm, is_constant,
+                         permutation_test, reported_metrics, significance_mark, three_subset_stats,
+                         three_subsets, welch_test)
 from kit.tasks import csv_task, get_task
 
 # 2 true positives, 1 false negative, 1 false positive, 2 true negatives.
@@ -171,6 +171,14 @@ def test_permutation_test_enumerates_the_splits():
     assert permutation_test([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]) == 1.0
     assert permutation_test([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(0.1)  # the floor
     assert permutation_test([], [1.0]) == 1.0
+
+
+def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
+    # subset 1 scores 0.6, 0.7, 0.7: epoch 1 (the first of the tie); reported (0.64 + 0.66) / 2
+    epochs = [[0.6, 0.9, 0.9], [0.7, 0.64, 0.66], [0.7, 0.5, 0.5]]
+    assert heldout_epoch(epochs) == (1, pytest.approx(0.65))
+    with pytest.raises(ValueError):
+        heldout_epoch([])
 
 
 def test_significance_marks():

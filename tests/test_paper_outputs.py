@@ -76,11 +76,14 @@ def test_results_notebook_writes_the_tables(outputs, tmp_path):
     out = outputs["dir"]
     nb = execute("results", tmp_path, outputs_dir=str(out), profile="smoke")
     md = (out / "tables" / "smoke-results.md").read_text()
-    assert "## Paper layout" in md and "## Summary over seeds" in md
+    assert "## Paper layout" in md and "## Summary over seeds" in md and "## Comparisons" in md
     for label in ("BERT-r", "BERT-mask", "SSA-Co", "SSA-H"):
         assert f"| {label} |" in md
-    assert (out / "tables" / "smoke-results.csv").exists()
-    assert "\\begin{tabular}" in (out / "tables" / "smoke-results.tex").read_text()
+    assert "(paper)" not in md                          # smoke is no paper profile
+    for table in ("paper-layout", "comparisons", "summary-over-seeds", "epoch-selection"):
+        assert (out / "tables" / f"smoke-results-{table}.csv").exists()
+    tex = (out / "tables" / "smoke-results.tex").read_text()
+    assert "\\begin{tabular}" in tex and "\\label{tab:smoke-results-paper-layout}" in tex
     shown = "".join(str(o.get("data", {}).get("text/plain", "")) for c in nb.cells
                     if c.cell_type == "code" for o in c.outputs)
     assert "synthetic" in shown and "n=1" in shown
@@ -98,7 +101,8 @@ def test_selection_on_the_gamma_grid(outputs):
     assert (table["candidates"] == 2).all() and table["three_subset_config"].str.startswith(
         "gamma=").all()
     tables = report.results_tables(runs)
-    assert list(tables) == ["Paper layout", "Summary over seeds", "Model selection"]
+    assert list(tables) == ["Paper layout", "Comparisons", "Summary over seeds",
+                            "Epoch selection", "Model selection"]
 
 
 def test_gamma_notebook(outputs, tmp_path):
@@ -167,7 +171,9 @@ def test_results_tables_with_the_papers_rows(tmp_path):
     for seed, (base, ssa) in enumerate([(0.60, 0.66), (0.62, 0.68), (0.61, 0.67)]):
         make_run(tmp_path, f"b{seed}", "p", method="bert", seed=seed, score=base)
         make_run(tmp_path, f"h{seed}", "p", method="ssa-h", seed=seed, score=ssa)
-    tables = report.results_tables(report.collect_runs(tmp_path))
+    runs = report.collect_runs(tmp_path)
+    assert "BERT-r (paper)" not in report.results_tables(runs)["Paper layout"].index  # off
+    tables = report.results_tables(runs, profile="paper-small")       # a paper profile
     paper = tables["Paper layout"]
     assert list(paper.index) == ["BERT-r", "BERT-r (paper)", "BERT-r (measured - paper)",
                                  "SSA-H", "SSA-H (paper)", "SSA-H (measured - paper)"]
@@ -175,7 +181,9 @@ def test_results_tables_with_the_papers_rows(tmp_path):
     assert paper.loc["SSA-H", "RTE"].startswith("67.0**")
     assert "Model selection" not in tables                      # nothing varies
     paths = report.write_results(tables, tmp_path, "params/p.yaml")
-    assert [p.name for p in paths] == ["p-results.md", "p-results.csv", "p-results.tex"]
+    assert [p.name for p in paths] == [
+        "p-results.md", "p-results-paper-layout.csv", "p-results-comparisons.csv",
+        "p-results-summary-over-seeds.csv", "p-results-epoch-selection.csv", "p-results.tex"]
     with pytest.raises(ValueError, match="no finished"):
         report.results_tables(report.collect_runs(tmp_path / "empty"))
     with pytest.raises(ValueError, match="unknown selection rule"):

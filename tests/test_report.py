@@ -9,15 +9,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_row
+from kit.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
+from kit.metrics import significance_mark, welch_test
 from kit.report import (load_runs, paper_table, select_by_best_dev, select_by_three_subsets,
                         summary_table, write_tables)
+from kit.tables import budget_view, comparisons, epoch_table, runs_table
 
-PAPER_TEXT = Path(__file__).resolve().parents[2] / "shared" / "reference" / "ssa-bert-paper.txt"
+# The paper's table rows, copied verbatim from its text into the project (tests read no ../shared).
+PAPER_ROWS = Path(__file__).resolve().parent / "fixtures" / "ssa-paper-table-rows.tsv"
 
 
 def make_run(root: Path, run_id: str, task="RTE", method="bert", seed=0, dev=None,
-             status="ok", three=(0.6, 0.02), model="minilm", **config) -> Path:
+             status="ok", three=(0.6, 0.02), model="minilm", per_epoch=None, history=None,
+             **config) -> Path:
     """A run folder as the training loop writes it (a failed one stops after `error`)."""
     run_dir = root / run_id
     run_dir.mkdir(parents=True)
@@ -36,7 +40,17 @@ def make_run(root: Path, run_id: str, task="RTE", method="bert", seed=0, dev=Non
                                          "subsets": [three[0]] * 3},
                    "wall_s": {"train": 10.0, "label_generation": 2.0, "eval": 1.0, "total": 13.0},
                    "train_examples_per_s": 50.0, "peak_memory_mb": 900.0, "ssa_labels": []}
+        if per_epoch:      # [(dev, three subset scores)] per epoch; best by the full dev score
+            metrics["epochs"] = [{"epoch": i, "dev": d, "train_loss": 0.6, "wall_s": 1.0,
+                                  "three_subset": {"mean": np.mean(t), "std": np.std(t),
+                                                   "subsets": t}}
+                                 for i, (d, t) in enumerate(per_epoch)]
+            best = max(range(len(per_epoch)), key=lambda i: (per_epoch[i][0]["score"], -i))
+            metrics.update(best_epoch=best, best_dev=per_epoch[best][0],
+                           last_dev=per_epoch[-1][0])
     (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    if history is not None:
+        pd.DataFrame(history).to_csv(run_dir / "history.csv", index=False)
     return run_dir
 
 
@@ -140,14 +154,16 @@ def grid(tmp_path):
     """bert and ssa-h on MNLI, RTE, MRPC; ssa-h clearly better on RTE; one ssa-h seed missing
     on MRPC and one bert RTE run failed; bert-mask only on RTE."""
     for seed in range(3):
-        make_run(tmp_path, f"bert-mnli-{seed}", task="MNLI", seed=seed, dev=mnli(0.80, 0.81))
+        make_run(tmp_path, f"bert-mnli-{seed}", task="MNLI", seed=seed,
+                 dev=mnli(0.79 + seed / 100, 0.81))
         make_run(tmp_path, f"ssah-mnli-{seed}", task="MNLI", method="ssa-h", seed=seed,
                  dev=mnli(0.80 + seed / 100, 0.81))
         make_run(tmp_path, f"bert-rte-{seed}", task="RTE", seed=seed,
                  dev=acc(0.60 + seed / 100))
         make_run(tmp_path, f"ssah-rte-{seed}", task="RTE", method="ssa-h", seed=seed,
                  dev=acc(0.70 + seed / 100))
-        make_run(tmp_path, f"bert-mrpc-{seed}", task="MRPC", seed=seed, dev=pair(0.88, 0.84))
+        make_run(tmp_path, f"bert-mrpc-{seed}", task="MRPC", seed=seed,
+                 dev=pair(0.87 + seed / 100, 0.84))
         make_run(tmp_path, f"mask-rte-{seed}", task="RTE", method="bert-mask", seed=seed,
                  dev=acc(0.55 + seed / 100))
     make_run(tmp_path, "bert-rte-3", task="RTE", seed=3, status="failed")
@@ -166,8 +182,8 @@ def test_paper_table_layout(grid):
     assert table.index.name == "Model"
     assert list(table.columns) == ["Avg", "MRPC", "MNLI", "RTE"]     # GLUE order
     bert, ssah = table.loc["BERT-r"], table.loc["SSA-H"]
-    assert bert["MRPC"] == "88.0/84.0 ± 0.0/0.0 (n=3)"               # F1/acc
-    assert bert["MNLI"] == "80.0/81.0 ± 0.0/0.0 (n=3)"               # m/mm
+    assert bert["MRPC"] == "88.0/84.0 ± 1.0/0.0 (n=3)"               # F1/acc
+    assert bert["MNLI"] == "80.0/81.0 ± 1.0/0.0 (n=3)"               # m/mm
     assert bert["RTE"] == "61.0 ± 1.0 (n=3, 1 failed)"
     assert ssah["RTE"] == "71.0** ± 1.0 (n=3)"                       # Welch vs BERT-r
     assert ssah["MRPC"] == "89.5/85.0 ± 0.7/0.0 (n=2, 1 missing)"
@@ -221,7 +237,7 @@ def test_three_subset_rule_next_to_best_dev(tmp_path):
     assert set(by_three["lr"]) == {1e-5} and len(by_three) == 2
     assert set(by_dev["lr"]) == {2e-5} and len(by_dev) == 2
     assert by_three["selection_criterion"].iloc[0] == pytest.approx(0.65)
-    assert paper_table(by_three).loc["BERT-r", "RTE"] == "66.0 ± 0.0 (n=2)"
+    assert paper_table(by_three).loc["BERT-r", "RTE"] == "66.0† ± 0.0 (n=2)"    # same each seed
 
 
 def test_selection_is_per_group_and_keeps_failed_seeds(tmp_path):
@@ -262,14 +278,21 @@ def test_write_tables_md_csv_tex_without_leftovers(tmp_path, grid):
 
 
 def test_write_several_tables_in_one_file_set(tmp_path, grid):
-    summary = summary_table(grid)
-    write_tables({"paper": paper_table(grid), "summary": summary}, "profile", tmp_path)
+    summary, paper = summary_table(grid), paper_table(grid)
+    paths = write_tables({"Paper layout": paper, "Summary (seeds)": summary}, "profile", tmp_path)
+    assert [p.name for p in paths] == ["profile.md", "profile-paper-layout.csv",
+                                       "profile-summary-seeds.csv", "profile.tex"]
     md = (tmp_path / "profile.md").read_text()
-    assert "## paper\n" in md and "## summary\n" in md
-    csv = pd.read_csv(tmp_path / "profile.csv")
-    assert list(csv.columns[:2]) == ["table", "Model"]
-    assert (csv["table"] == "summary").sum() == len(summary)
-    assert (tmp_path / "profile.tex").read_text().count("\\begin{table}") == 2   # captioned
+    assert "## Paper layout\n" in md and "## Summary (seeds)\n" in md
+    assert paper.attrs["caption"] in md                               # the caption under it
+    csv = pd.read_csv(tmp_path / "profile-summary-seeds.csv")         # one table per CSV
+    assert list(csv.columns[:3]) == ["task", "model", "method"] and len(csv) == len(summary)
+    assert list(pd.read_csv(tmp_path / "profile-paper-layout.csv").columns) == [
+        "Model", "Avg", "MRPC", "MNLI", "RTE"]
+    tex = (tmp_path / "profile.tex").read_text()
+    assert tex.count("\\begin{table}") == 2 and tex.count("\\toprule") == 2      # booktabs
+    assert "\\label{tab:profile-paper-layout}" in tex and "\\label{tab:profile-summary-seeds}" in tex
+    assert "\\caption{Paper layout. Dev metrics x100" in tex and "Holm-Bonferroni" in tex
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
@@ -324,9 +347,8 @@ def test_paper_rows_agree_with_their_printed_average():
             assert f"{np.mean(tasks):.1f}" == f"{row.avg:.1f}", row.name
 
 
-@pytest.mark.skipif(not PAPER_TEXT.exists(), reason="paper text not available")
 def test_paper_rows_are_verbatim_from_the_paper():
-    lines = PAPER_TEXT.read_text(encoding="utf-8").splitlines()
+    lines = PAPER_ROWS.read_text(encoding="utf-8").splitlines()
     printed = {line.split("\t", 1)[1] for line in lines if line.count("\t") == 10}
     for rows in PAPER_RESULTS.values():
         for row in rows:
@@ -349,3 +371,130 @@ def test_a_multitask_run_gives_one_row_per_task(tmp_path):
     assert list(df["task"]) == ["RTE", "SST-2"] and set(df["method"]) == {"embert"}
     assert list(df["score"]) == [0.55, 0.65] and list(df["three_subset_mean"]) == [0.54, 0.66]
     assert not any("/" in c for c in df.columns)
+
+
+# ---------------------------------------------------------------- statistics a reviewer checks
+
+def test_holm_across_the_table_removes_marks_the_raw_tests_give(tmp_path):
+    # Three tasks, each SSA-H 3 points above BERT-r with sd 1 over 3 seeds: Welch t = 3.674,
+    # df = 4, raw p = 0.0213 each ("*" uncorrected). Holm over the m = 3 comparisons: the
+    # smallest p x 3 = 0.064, and the others may not fall below it: no mark survives.
+    for task, metric in (("CoLA", "mcc"), ("SST-2", "accuracy"), ("RTE", "accuracy")):
+        for seed in range(3):
+            for method, base in (("bert", 0.60), ("ssa-h", 0.63)):
+                value = base + seed / 100
+                make_run(tmp_path, f"{task}-{method}-{seed}", task=task, method=method,
+                         seed=seed, dev={metric: value, "score": value})
+    runs = load_runs(tmp_path)
+    tests = comparisons(runs)
+    raw = welch_test([0.63, 0.64, 0.65], [0.60, 0.61, 0.62])
+    assert raw == pytest.approx(0.02131, abs=1e-5) and significance_mark(raw) == "*"
+    assert list(tests["task"]) == ["CoLA", "SST-2", "RTE"] and set(tests["method"]) == {"ssa-h"}
+    assert tests["p"].tolist() == pytest.approx([raw] * 3)
+    assert tests["p_holm"].tolist() == pytest.approx([3 * raw] * 3)
+    assert tests["diff"].tolist() == pytest.approx([3.0] * 3) and (tests["mark"] == "").all()
+    table = paper_table(runs)
+    assert table.loc["SSA-H", "RTE"] == "64.0 ± 1.0 (n=3)"                    # no mark
+    assert "Holm-Bonferroni-corrected across the table's 3 comparisons" in table.attrs["caption"]
+    assert "the task score" in table.attrs["caption"]
+    # with two of the three tasks, Holm gives 2 x 0.0213 = 0.043: marked
+    two = paper_table(runs[runs["task"] != "CoLA"])
+    assert two.loc["SSA-H", "RTE"] == "64.0* ± 1.0 (n=3)"
+
+
+def test_exact_permutation_test_option(tmp_path):
+    # 3 vs 3 seeds, completely separated: p = 2/20 = 0.1, the smallest 3 vs 3 can give
+    for seed in range(3):
+        make_run(tmp_path, f"b{seed}", seed=seed, dev=acc(0.60 + seed / 100))
+        make_run(tmp_path, f"h{seed}", method="ssa-h", seed=seed, dev=acc(0.70 + seed / 100))
+    runs = load_runs(tmp_path)
+    tests = comparisons(runs, test="permutation")
+    assert tests["p"].tolist() == pytest.approx([0.1]) and tests["mark"].tolist() == [""]
+    table = paper_table(runs, test="permutation")
+    assert table.loc["SSA-H", "RTE"] == "71.0 ± 1.0 (n=3)"
+    assert "exact permutation test" in table.attrs["caption"]
+    assert paper_table(runs).loc["SSA-H", "RTE"] == "71.0** ± 1.0 (n=3)"       # Welch
+    with pytest.raises(ValueError, match="permutation"):
+        comparisons(runs, test="bootstrap")
+
+
+def test_degenerate_cells_are_flagged_and_left_out_of_avg(tmp_path):
+    # CoLA: BERT-r predicts the majority class on every seed (MCC 0.0 each time)
+    for seed in range(3):
+        make_run(tmp_path, f"cb{seed}", task="CoLA", seed=seed, dev={"mcc": 0.0, "score": 0.0})
+        make_run(tmp_path, f"ch{seed}", task="CoLA", method="ssa-h", seed=seed,
+                 dev={"mcc": 0.1 * seed, "score": 0.1 * seed})
+        make_run(tmp_path, f"rb{seed}", seed=seed, dev=acc(0.60 + seed / 100))
+        make_run(tmp_path, f"rh{seed}", method="ssa-h", seed=seed, dev=acc(0.62 + seed / 100))
+    runs = load_runs(tmp_path)
+    table = paper_table(runs)
+    assert table.loc["BERT-r", "CoLA"] == "0.0† ± 0.0 (n=3)"
+    assert table.loc["SSA-H", "CoLA"] == "10.0 ± 10.0 (n=3)"
+    # CoLA has a degenerate cell: every row's Avg is over RTE alone
+    assert table.loc["BERT-r", "Avg"] == "61.0" and table.loc["SSA-H", "Avg"] == "63.0"
+    assert "leaving out CoLA" in table.attrs["caption"]
+    tests = comparisons(runs).set_index("task")
+    assert tests.loc["CoLA", "degenerate"] and not tests.loc["RTE", "degenerate"]
+    summary = summary_table(runs).set_index("task")
+    assert summary.loc["CoLA"].set_index("method")["degenerate"].to_dict() == {
+        "bert": True, "ssa-h": False}
+
+
+def test_epoch_views_last_and_heldout(tmp_path):
+    # epoch 0: full dev 0.70, subsets (0.60, 0.75, 0.75); epoch 1: full dev 0.66, subsets
+    # (0.70, 0.64, 0.64). Best on the full dev set: epoch 0 (0.70, reported on the same rows).
+    # Held out: subset 1 picks epoch 1 (0.70 > 0.60), reported on subsets 2-3: 0.64. Last: 0.66.
+    per_epoch = [(acc(0.70), [0.60, 0.75, 0.75]), (acc(0.66), [0.70, 0.64, 0.64])]
+    for seed in range(2):
+        make_run(tmp_path, f"b{seed}", seed=seed, per_epoch=per_epoch)
+    runs = load_runs(tmp_path)
+    assert runs["heldout_epoch"].tolist() == [1, 1]
+    assert runs["heldout_score"].tolist() == pytest.approx([0.64, 0.64])
+    assert runs["last_score"].tolist() == [0.66, 0.66] and runs["score"].tolist() == [0.70] * 2
+    assert paper_table(runs).loc["BERT-r", "RTE"] == "70.0† ± 0.0 (n=2)"
+    last = paper_table(runs, epoch="last")
+    assert last.loc["BERT-r", "RTE"] == "66.0† ± 0.0 (n=2)"
+    assert "last epoch (no selection on dev)" in last.attrs["caption"]
+    held = paper_table(runs, epoch="heldout")
+    assert held.loc["BERT-r", "RTE"] == "64.0† ± 0.0 (n=2)"
+    assert "chosen on dev subset 1 of 3" in held.attrs["caption"]
+    views = epoch_table(runs)
+    assert views.loc[0, ["best", "last", "heldout"]].tolist() == [
+        "70.0 ± 0.0", "66.0 ± 0.0", "64.0 ± 0.0"]
+    with pytest.raises(ValueError, match="heldout"):
+        paper_table(runs, epoch="first")
+
+
+def test_runs_table_keeps_the_fields_that_vary(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, f"b{seed}", seed=seed, dev=acc(0.6 + seed / 10), lr=1e-4)
+    table = runs_table(load_runs(tmp_path))
+    assert list(table.columns[:6]) == ["run_id", "task", "method", "seed", "status", "score"]
+    assert "accuracy" in table.columns and "three_subset_mean" not in table.columns
+    assert not {"lr", "gamma", "run_dir", "model"} & set(table.columns)
+
+
+def test_target_loss_is_read_from_the_history(tmp_path):
+    make_run(tmp_path, "b", history={"step": [1, 2], "loss": [0.7, 0.5]})
+    make_run(tmp_path, "h", method="ssa-h", history={
+        "step": [1, 2], "loss": [0.49, 0.45], "loss_target": [0.7, 0.55], "loss_ssa": [0, 0.35]})
+    make_run(tmp_path, "x")
+    runs = load_runs(tmp_path).set_index("run_id")
+    assert runs["train_loss_target"].tolist()[:2] == [0.5, 0.55]
+    assert np.isnan(runs.loc["x", "train_loss_target"])
+
+
+def test_budget_view_uses_a_methods_default_runs_where_it_has_none(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, f"b{seed}", seed=seed)
+        make_run(tmp_path, f"m{seed}", method="bert-mask", seed=seed)
+        make_run(tmp_path, f"e{seed}", method="bert-mask", seed=seed, budget="equal_steps")
+    runs = load_runs(tmp_path)
+    assert sorted(budget_view(runs, "equal_steps")["run_id"]) == ["b0", "b1", "e0", "e1"]
+    assert sorted(budget_view(runs, "epochs")["run_id"]) == ["b0", "b1", "m0", "m1"]
+
+
+def test_paper_profiles_get_the_papers_rows_by_default():
+    assert paper_profile("paper-small") and paper_profile("params/paper-small-cpu.yaml")
+    assert paper_profile("roberta") and not paper_profile("glue-small")
+    assert not paper_profile("smoke") and not paper_profile(None) and not paper_profile("")

@@ -1,0 +1,341 @@
+"""Result tables from collected runs: the summary over seeds and the paper's Table 2 layout, with
+what a reviewer checks spelled out in each table's caption (`table.attrs["caption"]`): which
+epoch's dev numbers are shown and how it was chosen, which test is behind the marks, on which
+number (the task score), and the Holm-Bonferroni correction across the table's comparisons.
+Degenerate cells (the same score on every seed) are flagged and left out of the average.
+
+Works on `kit.report.load_runs` frames only; never reads run folders itself.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from kit.metrics import SIGNIFICANCE_TESTS, holm, is_constant, reported_metrics, significance_mark
+from kit.paper_results import PAPER_TASKS, PaperRow, paper_row
+from kit.tasks import GLUE_TASKS, csv_task, get_task
+
+# Row order and labels of the paper's tables; other methods follow, alphabetically.
+METHOD_LABELS = {"bert": "BERT-r", "bert-mask": "BERT-mask", "ssa-co": "SSA-Co", "ssa-h": "SSA-H"}
+
+# Which epoch's dev numbers a table shows (`epoch` of paper_table / results_tables).
+EPOCH_VIEWS = {
+    "best": "best epoch, chosen on the full dev set that is also reported (optimistic: the "
+            "selection sees the numbers it reports)",
+    "last": "last epoch (no selection on dev)",
+    "heldout": "epoch chosen on dev subset 1 of 3, task score reported on subsets 2-3 (mean of "
+               "the two; the reported rows never took part in the choice)",
+}
+TEST_NAMES = {"welch": "Welch's t-test over seeds",
+              "permutation": "exact permutation test of the mean difference over seeds"}
+DEGENERATE = "†"     # a cell whose score is the same on every seed
+
+
+# ---------------------------------------------------------------- tasks, methods, order
+
+def _task_rank(task) -> tuple:
+    """GLUE order first (the paper's column order), any other task after, by name."""
+    return (PAPER_TASKS.index(task), "") if task in PAPER_TASKS else (len(PAPER_TASKS), str(task))
+
+
+def _method_rank(method) -> tuple:
+    order = list(METHOD_LABELS)
+    return (order.index(method), "") if method in order else (len(order), str(method))
+
+
+def official_metrics(task_name: str, rows: pd.DataFrame) -> tuple[str, ...]:
+    """The metric columns a table shows for a task (MRPC: f1, accuracy; MNLI: accuracy, _mm)."""
+    if task_name == "csv":   # CSV tasks are built per file: regression ones report rmse
+        regression = "rmse" in rows.columns and rows["rmse"].notna().any()
+        return csv_task(("text",), None if regression else ("0", "1")).metrics
+    try:
+        return reported_metrics(get_task(str(task_name)))
+    except ValueError:       # a task this kit version does not know: its score is all we have
+        return ("score",)
+
+
+def percent_task(task_name: str, rows: pd.DataFrame) -> bool:
+    """Whether a task's numbers are fractions shown x100 (not an rmse, which keeps its units)."""
+    return "rmse" not in official_metrics(task_name, rows)
+
+
+def score_scale(task_name: str, rows: pd.DataFrame | None = None) -> int:
+    """100 for tasks whose numbers are fractions shown x100 (everything but rmse), else 1."""
+    rows = pd.DataFrame() if rows is None else rows
+    return 100 if percent_task(task_name, rows) else 1
+
+
+def sorted_groups(df: pd.DataFrame, keys: Sequence[str]):
+    """df.groupby(keys) in table order: tasks in GLUE order, methods in the paper's order."""
+    def rank(key_values):
+        named = dict(zip(keys, key_values))
+        return tuple(_task_rank(v) if k == "task" else _method_rank(v) if k == "method"
+                     else (str(v),) for k, v in named.items())
+    groups = dict(list(df.groupby(list(keys), dropna=False, sort=False)))
+    return [(key, groups[key]) for key in sorted(groups, key=rank)]
+
+
+def ok_runs(rows: pd.DataFrame, what: str) -> pd.DataFrame:
+    """The OK runs of one table cell, which must be one run per seed: several runs per seed
+    mean several hyper-parameter configurations are mixed, which no mean over seeds should do."""
+    ok = rows[rows["status"] == "ok"]
+    if ok["seed"].duplicated().any():
+        raise ValueError(f"{what}: several OK runs for one seed: select one configuration per "
+                         f"group first (select_by_three_subsets / select_by_best_dev), or group "
+                         f"by the hyper-parameters")
+    return ok
+
+
+def _status_counts(rows: pd.DataFrame) -> dict[str, int]:
+    return {s: int((rows["status"] == s).sum()) for s in ("failed", "missing")}
+
+
+def fold_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The k-fold runs of a load_runs frame (config n_folds >= 2)."""
+    if "n_folds" not in df.columns or "fold" not in df.columns:
+        return df.iloc[0:0]
+    return df[pd.to_numeric(df["n_folds"], errors="coerce").fillna(0) >= 2]
+
+
+# ---------------------------------------------------------------- views of the runs
+
+def epoch_view(df: pd.DataFrame, epoch: str = "best") -> pd.DataFrame:
+    """The runs with `score` and the metric columns of the epoch view `epoch` (EPOCH_VIEWS):
+    best (as recorded), last (load_runs' last_* columns) or heldout (heldout_score; the
+    per-metric columns are blanked: only the task score exists per dev subset)."""
+    if epoch not in EPOCH_VIEWS:
+        raise ValueError(f"unknown epoch view {epoch!r}: choose one of {list(EPOCH_VIEWS)}")
+    if epoch == "best" or df.empty:
+        return df
+    if epoch == "last":
+        last = [c for c in df.columns if c.startswith("last_")]
+        return df.assign(**{c[len("last_"):]: df[c] for c in last})
+    metrics = {m for t in df["task"].dropna().unique() for m in official_metrics(t, df)}
+    return df.assign(score=df.get("heldout_score", np.nan),
+                     **{m: np.nan for m in metrics - {"score"} if m in df.columns})
+
+
+def budget_view(df: pd.DataFrame, budget: str) -> pd.DataFrame:
+    """The runs of one training budget (config `budget`): each method's runs of that budget, or
+    its default-budget runs where it has none (BERT-r and union-merge SSA train the same steps
+    under both budgets, so the profiles run them once)."""
+    if "budget" not in df.columns:
+        return df
+    own = df["budget"].fillna("epochs") == budget
+    has_own = df["method"].isin(set(df.loc[own, "method"]))
+    return df[own | (~has_own & (df["budget"].fillna("epochs") == "epochs"))]
+
+
+def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The per-run table: identity, status and score, then only the columns that differ between
+    runs (a profile's grid axes and results); run_dir and constant config fields are left out."""
+    keep = ["run_id", "task", "method", "seed", "status", "score"]
+    varying = runs.columns[runs.astype(str).nunique(dropna=False) > 1]
+    return runs[[*keep, *(c for c in varying if c not in keep and c != "run_dir")]]
+
+
+# ---------------------------------------------------------------- significance
+
+def comparisons(df: pd.DataFrame, baseline: str = "bert", test: str = "welch") -> pd.DataFrame:
+    """Every method against `baseline` per model x task on the task score over seeds (OK runs):
+    model, task, method, n, n_baseline, diff (mean minus the baseline's, x100 where the task is
+    shown x100), p (two-sided `test`: welch or permutation), p_holm (Holm-Bonferroni across all
+    rows: the family is the table), mark ("*"/"**" on p_holm, gains only, as the paper marks)
+    and degenerate (either side has the same score on every seed)."""
+    if test not in SIGNIFICANCE_TESTS:
+        raise ValueError(f"unknown test {test!r}: choose one of {list(SIGNIFICANCE_TESTS)}")
+    ok = df[df["status"] == "ok"].dropna(subset=["score"])
+    scores = ok.groupby(["model", "task", "method"])["score"].agg(list)
+    rows = []
+    for (model, task, method), values in scores.items():
+        base = scores.get((model, task, baseline))
+        if method == baseline or base is None:
+            continue
+        scale = score_scale(task, ok[ok["task"] == task])
+        rows.append({"model": model, "task": task, "method": method, "n": len(values),
+                     "n_baseline": len(base),
+                     "diff": (np.mean(values) - np.mean(base)) * scale,
+                     "p": SIGNIFICANCE_TESTS[test](values, base),
+                     "degenerate": is_constant(values) or is_constant(base)})
+    out = pd.DataFrame(rows, columns=["model", "task", "method", "n", "n_baseline", "diff", "p",
+                                      "degenerate"])
+    out.insert(len(out.columns) - 1, "p_holm", holm(out["p"]))
+    out.insert(len(out.columns) - 1, "mark", [significance_mark(p) if d > 0 else ""
+                                               for p, d in zip(out["p_holm"], out["diff"])])
+    order = out["task"].map(_task_rank).tolist(), out["method"].map(_method_rank).tolist()
+    out = (out.assign(_t=order[0], _m=order[1]).sort_values(["model", "_t", "_m"])
+           .drop(columns=["_t", "_m"]).reset_index(drop=True))
+    out.attrs["caption"] = (
+        f"Each method against {METHOD_LABELS.get(baseline, baseline)} per model and task, on "
+        f"the task score over seeds (diff x100 where the task is shown x100). p: two-sided "
+        f"{TEST_NAMES[test]}; p_holm: Holm-Bonferroni across these {len(out)} comparisons; "
+        f"marks on p_holm (gains only). degenerate: a side has the same score on every seed.")
+    return out
+
+
+def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) -> str:
+    """What a paper_table shows and tested, for its caption."""
+    label = METHOD_LABELS.get(baseline, baseline)
+    avg = ("Avg: GLUE average of the task scores" + (
+        f", leaving out {', '.join(left_out)} (a degenerate cell in the column)" if left_out
+        else "") + ".")
+    return (f"Dev metrics x100 (rmse tasks in their units), mean ± std over seeds; {EPOCH_VIEWS[epoch]}. "
+            f"Marks: the task score (the mean of the task's metrics, e.g. STS-B (Pearson + "
+            f"Spearman) / 2; not each metric) against {label}, two-sided {TEST_NAMES[test]}, "
+            f"Holm-Bonferroni-corrected across the table's {m} comparisons: * p < 0.05, "
+            f"** p < 0.01, gains only. {DEGENERATE} degenerate: the same score on every seed "
+            f"(e.g. MCC 0 from a majority-class model); its std and test say nothing. {avg}")
+
+
+# ---------------------------------------------------------------- tables
+
+def summary_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Per task x model x method (x the `by` columns, e.g. ["gamma"]): over the seeds of the OK
+    runs, mean and sample std of the task score and each official metric (fractions), the number
+    of seeds, and how many runs failed or are missing. k-fold runs (n_folds >= 2) are
+    summarised per fold: each fold is its own dev set, never averaged with seeds (fold_table
+    gives the mean over folds)."""
+    keys = ["task", "model", "method", *by]
+    if "fold" not in keys and len(fold_runs(df)):
+        keys.append("fold")
+    rows = []
+    for key, group in sorted_groups(df, keys):
+        ok = ok_runs(group, "/".join(map(str, key)))
+        metrics = [m for m in ("score", *official_metrics(key[0], group)) if m in ok.columns]
+        stats = ok[metrics].agg(["mean", "std"]).unstack()
+        rows.append({**dict(zip(keys, key)), "n_seeds": len(ok),
+                     **{f"n_{s}": n for s, n in _status_counts(group).items()},
+                     **{f"{m}_{stat}": v for (m, stat), v in stats.items()},
+                     "degenerate": is_constant(ok["score"])})
+    return pd.DataFrame(rows)
+
+
+def _joined(values: list[float] | None, spec: str) -> str:
+    """A cell's numbers the paper's way, "88.9/84.8"; "" when there are none."""
+    return "/".join(format(v, spec) for v in values) if values else ""
+
+
+def _measured_cell(task: str, rows: pd.DataFrame, metrics: Sequence[str], mark: str,
+                   what: str) -> tuple[list[float] | None, bool, str]:
+    """One measured cell: (the metric means as shown, degenerate?, its text)."""
+    if rows.empty:                            # the method was not run on this task
+        return None, False, ""
+    ok, counts = ok_runs(rows, what), _status_counts(rows)
+    notes = ", ".join([f"n={len(ok)}"] + [f"{n} {s}" for s, n in counts.items() if n])
+    if ok.empty:
+        return None, False, f"n/a ({notes})"
+    scale, spec = (100, ".1f") if percent_task(task, rows) else (1, ".3f")
+    means = [ok[m].mean() * scale for m in metrics]
+    degenerate = is_constant(ok["score"])
+    flag = DEGENERATE if degenerate else ""
+    spread = f" ± {_joined([ok[m].std() * scale for m in metrics], spec)}" if len(ok) > 1 else ""
+    return means, degenerate, f"{_joined(means, spec)}{mark}{flag}{spread} ({notes})"
+
+
+def _avg(cells: dict[str, list[float] | None], tasks: list[str]) -> str:
+    """GLUE-style average: mean over tasks of each task's score (the mean of its metrics, so an
+    F1/acc pair counts once). Only over `tasks`, and only when every one has a value."""
+    if not tasks or any(cells.get(t) is None for t in tasks):
+        return "n/a"
+    return f"{np.mean([np.mean(cells[t]) for t in tasks]):.1f}"
+
+
+def _published_rows(label: str, row: PaperRow, means: dict, tasks: list[str],
+                    avg_tasks: list[str]) -> dict[str, dict]:
+    """The paper's row for a method and the measured-minus-published row, over the table's
+    tasks (tasks outside the paper's tables stay blank)."""
+    published = {t: [row.values[f"{t}/{m}"] for m in reported_metrics(GLUE_TASKS[t])]
+                 if t in PAPER_TASKS else None for t in tasks}
+    deltas = {t: [m - p for m, p in zip(means[t], published[t])]
+              if means[t] and published[t] and len(means[t]) == len(published[t]) else None
+              for t in tasks}
+    return {
+        f"{label} (paper)": {"Avg": _avg(published, avg_tasks), **{
+            t: _joined(published[t], ".1f") + row.marks.get(t, "") for t in tasks}},
+        f"{label} (measured - paper)": {"Avg": _avg(deltas, avg_tasks), **{
+            t: _joined(deltas[t], "+.1f") for t in tasks}},
+    }
+
+
+def paper_table_for(model: str) -> str:
+    """The paper's table to compare a backbone with: roberta-large / roberta-base for RoBERTa
+    names, large for other "large" names, else base (Table 2, BERT-base; also the closest
+    comparison for the small embedded model)."""
+    name = str(model).lower()
+    if "roberta" in name:
+        return "roberta-large" if "large" in name else "roberta-base"
+    return "large" if "large" in name else "base"
+
+
+def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = None,
+                test: str = "welch", epoch: str = "best") -> pd.DataFrame:
+    """The paper's Table 2 layout from the runs in `df` (one configuration per seed).
+
+    Rows: methods (BERT-r, BERT-mask, SSA-Co, SSA-H, then others), per model when `df` holds
+    several (labels get " [model]"). Columns: Avg, then the tasks present in GLUE order, then
+    other tasks. A cell is "mean/mean* ± std/std (n=.., k failed, k missing)" x100 with one
+    decimal (MRPC/QQP F1/acc, STS-B pearson/spearman, MNLI m/mm; the task score alone in the
+    heldout `epoch` view). "*"/"**" mark a task score significantly higher than the `baseline`
+    method's (`comparisons`: two-sided `test`, Holm-corrected across the table, p < 0.05 /
+    0.01; lower scores are never marked). "†" flags a degenerate cell (the same score on every
+    seed); a task with one is left out of every row's Avg, so the averages stay comparable.
+    Avg is the GLUE average of the task scores, "n/a" when a task has no OK run. The caption
+    (`.attrs["caption"]`) says all this. k-fold CSV runs are left out (see fold_table).
+
+    `paper` ("base", "large", "roberta-base", "roberta-large") adds under each method the
+    paper's row "<label> (paper)" and "<label> (measured - paper)"; "auto" picks the table per
+    model (`paper_table_for`). The paper's numbers are GLUE test scores of full-size models;
+    deltas of dev runs of other backbones are no reproduction check.
+    """
+    df = epoch_view(df.dropna(subset=["task", "method"]), epoch)
+    df = df.drop(fold_runs(df).index)           # k-fold CSV runs: see fold_table
+    tasks = sorted(df["task"].unique(), key=_task_rank)
+    percent = [t for t in tasks if percent_task(t, df[df["task"] == t])]
+    shown = {t: ("score",) if epoch == "heldout" else official_metrics(t, df[df["task"] == t])
+             for t in tasks}
+    tests = comparisons(df, baseline, test)
+    marks = tests.set_index(["model", "task", "method"])["mark"].to_dict()
+    several_models = df["model"].nunique() > 1
+    rows = []
+    for (model, method), runs in sorted_groups(df, ["model", "method"]):
+        label = METHOD_LABELS.get(method, str(method)) + (f" [{model}]" if several_models else "")
+        cells = {t: _measured_cell(t, runs[runs["task"] == t], shown[t],
+                                   marks.get((model, t, method), ""), f"{label} on {t}")
+                 for t in tasks}
+        published = paper_table_for(model) if paper == "auto" else paper
+        rows.append((label, method, published, cells))
+    left_out = [t for t in percent if any(cells[t][1] for *_, cells in rows)]
+    avg_tasks = [t for t in percent if t not in left_out]
+    table = {}
+    for label, method, published, cells in rows:
+        means = {t: cell[0] for t, cell in cells.items()}
+        table[label] = {"Avg": _avg(means, avg_tasks), **{t: c[2] for t, c in cells.items()}}
+        if published and (row := paper_row(published, method)):
+            table.update(_published_rows(label, row, means, tasks, avg_tasks))
+    out = pd.DataFrame.from_dict(table, orient="index", columns=["Avg", *tasks])
+    out.index.name = "Model"
+    out.attrs["caption"] = _caption(epoch, test, baseline, len(tests), left_out)
+    return out
+
+
+def epoch_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task x model x method: the task score over seeds (x100 where shown x100) in each
+    epoch view - best (chosen and reported on the full dev set), last, heldout (chosen on dev
+    subset 1, reported on subsets 2-3) - as "mean ± std", so the optimism of best-epoch
+    selection is visible next to two views without it."""
+    views = {v: epoch_view(df, v) for v in EPOCH_VIEWS}
+    rows = []
+    for key, group in sorted_groups(df[df["status"] == "ok"], ["task", "model", "method"]):
+        scale = score_scale(key[0], group)
+        row = dict(zip(("task", "model", "method"), key), n=len(group))
+        for view, frame in views.items():
+            values = frame.loc[group.index, "score"].dropna() * scale
+            row[view] = (f"{values.mean():.1f} ± {values.std():.1f}" if len(values) > 1
+                         else f"{values.mean():.1f}" if len(values) else "")
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=["task", "model", "method", "n", *EPOCH_VIEWS])
+    out.attrs["caption"] = "Task score by epoch view: " + "; ".join(
+        f"{v}: {text}" for v, text in EPOCH_VIEWS.items()) + "."
+    return out
