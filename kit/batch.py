@@ -2,142 +2,150 @@
 
     python -m kit.batch PROFILE [--shard i/n] [--outputs DIR]
 
-Finished runs (metrics.json status ok) are skipped, so a rerun retries only failed and missing
-ones; a failed run is recorded and the batch goes on; a lock per run keeps two batches on the
-same profile from running one config twice. At the end the collector writes
-outputs/tables/<profile>.{md,csv,tex} and a summary line; the exit status is 1 if any run failed.
+First a pre-flight, before any notebook kernel starts: the profile, every point's config and
+every task's data files are checked, so a typo or a bad file stops the batch in seconds with
+one line. Then each point runs in its own kernel; its training progress is streamed to this
+terminal as plain lines. Finished runs (metrics.json status ok) are skipped, so a rerun retries
+only failed and missing ones; a failed run is recorded and the batch goes on; a lock per run
+keeps two batches on the same profile from running one config twice. At the end the collector
+writes outputs/tables/<profile>.{md,csv,tex}, prints the main table, draws the profile's
+figures and prints a summary line; the exit status is 1 if any run failed.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
+import dataclasses
+import functools
 import json
 import os
-import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from kit import io as kio
+from kit import progress as kprogress
 from kit.config import ConfigError, RunConfig
+from kit.data import glue_source, load_task_data
+from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
+from kit.readers import DataError, hub_unreachable
 from kit.tasks import GLUE_TASKS
+from kit.train import finished_metrics, run_dir_of
 
-REPO = Path(__file__).resolve().parents[1]
-PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks"}
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-5` as a string; accept exponent floats without a dot."""
+# Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
+# nbclient stops the kernel) are not about the run: keep only the kernel's critical errors.
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-    list("-+0123456789."))
+# ---------------------------------------------------------------- pre-flight
 
-
-@dataclass
-class Profile:
-    name: str
-    path: Path
-    notebook: Path
-    points: list[dict]                 # notebook parameters per run
-    skip_missing_tasks: bool
-
-
-def profile_path(name: str) -> Path:
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        return path
-    path = REPO / "params" / f"{name}.yaml"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in (REPO / "params").glob("*.yaml")))
-        raise ConfigError(f"unknown profile {name!r}: choose one of {known} (files in params/)")
-    return path
-
-
-def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
-    path = profile_path(name)
-    try:
-        spec = yaml.load(path.read_text(), Loader=_Loader) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    unknown = set(spec) - PROFILE_KEYS
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
-                          f"allowed: {', '.join(sorted(PROFILE_KEYS))}")
-    grids = spec.get("grid") or {}
-    grids = grids if isinstance(grids, list) else [grids]   # a list of grids: their union
-    points, seen = [], set()
-    for grid in grids:
-        axes = {k: v if isinstance(v, list) else [v] for k, v in grid.items()}
-        for values in itertools.product(*axes.values()):
-            point = dict(zip(axes, values))
-            point.update((spec.get("task_overrides") or {}).get(point.get("task"), {}))
-            point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
-            try:
-                run_id = RunConfig.from_dict(point).run_id   # validate every point up front
-            except ConfigError as err:
-                raise ConfigError(f"{path}: {err}") from None
-            if run_id not in seen:           # grids of a list may overlap
-                seen.add(run_id)
-                points.append(point)
-    notebook = REPO / "notebooks" / f"{spec.get('notebook', 'finetune')}.ipynb"
-    if not notebook.exists():
-        raise ConfigError(f"{path}: notebook {notebook.name} not found in notebooks/")
-    return Profile(path.stem, path, notebook, points, bool(spec.get("skip_missing_tasks", False)))
-
-
-def shard(points: list, spec: str | None) -> list:
-    """`i/n` keeps points i, i+n, i+2n ... (0 <= i < n): shards of a grid, no coordinator."""
-    if not spec:
-        return points
-    match = re.fullmatch(r"(\d+)/(\d+)", spec)
-    if not match or not int(match[1]) < int(match[2]):
-        raise ConfigError(f"--shard {spec!r}: expected i/n with 0 <= i < n, e.g. 0/4")
-    return points[int(match[1])::int(match[2])]
+@functools.cache
+def _hub_reason() -> str | None:
+    return hub_unreachable()
 
 
 def missing_task_files(cfg: RunConfig) -> str | None:
-    """Why a local GLUE task cannot run (its folder or files are absent), else None."""
-    from kit.data import glue_source
+    """Why a GLUE task cannot run (found nowhere: its files are absent, or it would come from
+    an unreachable hub), else None. A glue_dir / GLUE_DIR that does not exist raises DataError."""
     task = GLUE_TASKS.get(next((n for n in GLUE_TASKS if n.lower() == cfg.task.lower()), ""))
-    source = glue_source(cfg.glue_dir)
-    if task is None or source == "hub":
+    if task is None:
         return None
-    for split in ("train", *task.dev_splits):
+    source = glue_source(cfg.glue_dir, task.name)
+    if source == "hub":
+        reason = _hub_reason()
+        return (f"{task.name}: not in the project's data/glue, no glue_dir or GLUE_DIR set, and "
+                f"the hub is unreachable ({reason})") if reason else None
+    for split in ("train", *task.dev_splits, *(task.test_splits if cfg.predict_test else ())):
         if not (source / task.name / f"{split}.tsv").exists():
             return f"{source / task.name / (split + '.tsv')} not found"
     return None
 
 
+def _data_key(cfg: RunConfig) -> tuple:
+    """The fields that decide which files a point reads (not seeds, methods or knobs)."""
+    return (cfg.task, cfg.glue_dir, cfg.predict_test, cfg.n_folds, cfg.fold,
+            *(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name.startswith("csv_")))
+
+
+def _single_task_configs(cfg: RunConfig) -> list[RunConfig]:
+    """A multi-task point reads each of its tasks like a single-task run would."""
+    if not cfg.tasks:
+        return [cfg]
+    return [dataclasses.replace(cfg, task=t, tasks=(), method="bert") for t in cfg.tasks]
+
+
+def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
+    """Check every point's data before any kernel starts; returns {run_id: why} for points to
+    skip (their task is found nowhere and the profile says skip_missing_tasks). Raises one-line
+    ConfigError / DataError for everything else: a task missing from a profile that needs it, a
+    glue_dir that does not exist, a malformed file (with its line)."""
+    absent, checked = {}, {}
+    for point in points:
+        cfg = RunConfig.from_dict(point)
+        for one in _single_task_configs(cfg):
+            key = _data_key(one)
+            if key not in checked:
+                checked[key] = missing_task_files(one)
+                if checked[key] is None:
+                    load_task_data(one)          # parses the files: bad rows fail here, named
+            if checked[key] is not None:
+                if not profile.skip_missing_tasks:
+                    raise DataError(f"{profile.path}: {checked[key]}")
+                absent[cfg.run_id] = checked[key]
+    return absent
+
+
+# ---------------------------------------------------------------- one point
+
 def execute(profile: Profile, point: dict) -> tuple[str, str]:
-    """Run one grid point through papermill; returns (status, detail)."""
+    """Run one grid point through papermill; returns (status, detail), status one of ok,
+    skipped, failed. The executed notebook is written to a temp file and renamed into the run
+    folder only by the batch that ran the point: a second batch never touches it."""
     import papermill as pm
-    from kit.train import finished_metrics, run_dir_of
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
         return "skipped", "finished earlier"
-    if profile.skip_missing_tasks and (why := missing_task_files(cfg)):
-        return "absent", why
     run_dir = run_dir_of(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        # the whole resolved config, not just the grid point: the notebook's own defaults (a
-        # smoke configuration) must not leak into the run, or its run id would differ from ours
-        parameters = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}
-        pm.execute_notebook(str(profile.notebook), str(run_dir / "notebook.ipynb"),
-                            parameters=parameters, kernel_name="python3", progress_bar=False,
-                            cwd=str(REPO))
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise kio.OutputsError(f"cannot write to outputs folder {cfg.outputs_dir!r} "
+                               f"({err.strerror}); pass a writable --outputs") from None
+    with kio.FileLock(run_dir / ".batch.lock") as got:
+        if not got:
+            return "skipped", "running in another batch"
+        if finished_metrics(cfg) is not None:               # it may have finished while we looked
+            return "skipped", "finished earlier"
+        try:
+            with kio.atomic_path(run_dir / "notebook.ipynb") as tmp:
+                status, detail = _run_notebook(pm, profile, cfg, tmp)
+                if status == "skipped":     # the kernel found the run locked: not ours to write
+                    raise _Discard
+        except _Discard:
+            pass
+        return status, detail
+
+
+class _Discard(Exception):
+    """Leave the temp notebook unwritten (kio.atomic_path removes it)."""
+
+
+def _run_notebook(pm, profile: Profile, cfg: RunConfig, output: Path) -> tuple[str, str]:
+    # the whole resolved config, not just the grid point: the notebook's own defaults (a smoke
+    # configuration) must not leak into the run, or its run id would differ from ours
+    parameters = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}
+    try:
+        pm.execute_notebook(str(profile.notebook), str(output), parameters=parameters,
+                            kernel_name="python3", progress_bar=False, cwd=str(REPO),
+                            stderr_file=sys.stderr, extra_arguments=KERNEL_ARGS)
     except Exception as err:   # the notebook failed or its kernel died
         detail = _failure_reason(err)
-        if detail.startswith("RunLocked"):      # fit() refused: another batch trains it
-            return "skipped", "running in another batch"
-        metrics_path = run_dir / "metrics.json"
-        recorded = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        if detail.startswith("RunLocked"):      # fit() refused: another process trains it
+            return "skipped", "running in another process"
+        metrics_path = run_dir_of(cfg) / "metrics.json"
+        try:
+            recorded = json.loads(metrics_path.read_text())
+        except (OSError, ValueError):
+            recorded = {}
         if recorded.get("status") != "failed":   # fit() could not record it: the kernel died
             kio.write_json(metrics_path, {
                 "run_id": cfg.run_id, "task": cfg.task, "model": cfg.model,
@@ -153,34 +161,58 @@ def _failure_reason(err: Exception) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__
 
 
+# ---------------------------------------------------------------- the grid
+
+def _label(cfg: RunConfig) -> str:
+    return " ".join(f"{k}={getattr(cfg, k)}" for k in ("task", "method", "seed", "model"))
+
+
+def _eta(started: float, ran: int, left: int) -> str:
+    if not ran or not left:
+        return ""
+    s = (time.perf_counter() - started) / ran * left
+    return f", ETA {s // 60:.0f}m{s % 60:02.0f}s"
+
+
 def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs") -> int:
     import logging
     # papermill warns about parameters missing from the notebook's parameters cell; every
     # parameter was validated against RunConfig above, so those warnings are noise here
     logging.getLogger("papermill").setLevel(logging.ERROR)
+    os.environ[kprogress.ENV] = os.environ.get(kprogress.ENV) or "lines"   # for the kernels
     profile = load_profile(name, outputs_dir)
     points = shard(profile.points, shard_spec)
-    counts = {"ok": 0, "skipped": 0, "failed": 0, "absent": 0}
     started = time.perf_counter()
+    absent = preflight(profile, points)
+    print(f"profile {profile.name}: {len(points)} runs, data checked in "
+          f"{time.perf_counter() - started:.1f}s", flush=True)
+    counts = {"ok": 0, "skipped": 0, "failed": 0, "absent": 0}
+    started, ran = time.perf_counter(), 0
     for i, point in enumerate(points, 1):
-        label = " ".join(f"{k}={point[k]}" for k in ("task", "method", "seed", "model") if k in point)
+        cfg = RunConfig.from_dict(point)
         t0 = time.perf_counter()
-        status, detail = execute(profile, point)
+        if cfg.run_id in absent:
+            status, detail = "absent", absent[cfg.run_id]
+        else:
+            if finished_metrics(cfg) is None:
+                print(f"[{i}/{len(points)}] {_label(cfg)}: started", flush=True)
+            status, detail = execute(profile, point)
         counts[status] += 1
+        ran += status in ("ok", "failed")
         note = f" ({detail})" if detail else ""
-        print(f"[{i}/{len(points)}] {label}: {status}{note} {time.perf_counter() - t0:.0f}s",
-              flush=True)
-    collect(profile, outputs_dir)
+        print(f"[{i}/{len(points)}] {_label(cfg)}: {status}{note} "
+              f"{time.perf_counter() - t0:.0f}s{_eta(started, ran, len(points) - i)}", flush=True)
+    collect(profile, outputs_dir, show=True)
     print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
           f"{counts['failed']} failed, {counts['absent']} absent (task files missing) "
           f"in {time.perf_counter() - started:.0f}s", flush=True)
     return 1 if counts["failed"] else 0
 
 
-def collect(profile: Profile, outputs_dir: str) -> list[Path]:
-    """Tables of every run of the profile that has a folder (this shard's and others')."""
+def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
+    """Tables of every run of the profile that has a folder (this shard's and others'), and the
+    profile's figures; `show` prints the first table to the terminal."""
     from kit import report
-    from kit.train import run_dir_of
     run_dirs = [d for d in (run_dir_of(RunConfig.from_dict(p)) for p in profile.points)
                 if (d / "config.json").exists()]
     if not run_dirs:
@@ -188,8 +220,27 @@ def collect(profile: Profile, outputs_dir: str) -> list[Path]:
     runs = report.load_runs(run_dirs)
     varying = [k for k in dict.fromkeys(k for p in profile.points for k in p)
                if len({json.dumps(p.get(k), sort_keys=True) for p in profile.points}) > 1]
-    return report.write_tables(report.profile_tables(runs, varying), profile.name,
-                               Path(outputs_dir) / "tables")
+    tables = report.profile_tables(runs, varying)
+    paths = report.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
+    if show:
+        title, table = next(iter(tables.items()))
+        print(f"\n{title} - {profile.name} (dev sets; {paths[0]})\n"
+              f"{table.to_markdown(index=False)}\n", flush=True)
+    return paths + [_figure(profile, kind, outputs_dir, show) for kind in profile.figures]
+
+
+def _figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path:
+    from kit import figures
+    draw = {"label-quality": figures.label_quality_figure, "cost": figures.cost_figure,
+            "gamma": figures.gamma_figure}
+    if kind not in draw:
+        raise ConfigError(f"{profile.path}: unknown figure {kind!r}; choose from "
+                          f"{', '.join(draw)}")
+    fig = draw[kind](outputs_dir=outputs_dir, profile=profile.name)
+    path = figures.save_figure(fig, outputs_dir, f"{profile.name}-{kind}")
+    if show:
+        print(f"figure: {path}", flush=True)
+    return Path(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run_profile(args.profile, args.shard, args.outputs)
-    except (ConfigError, OSError) as err:
+    except (ConfigError, DataError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

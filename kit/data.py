@@ -28,10 +28,27 @@ class TaskData:
     test: dict[str, Split]
 
 
-def glue_source(glue_dir: str) -> str | Path:
-    """The parameter, else $GLUE_DIR, else "hub"."""
-    chosen = glue_dir or os.environ.get("GLUE_DIR", "")
-    return "hub" if chosen in ("", "hub") else Path(chosen)
+# The project's own copy of the real GLUE files (data/glue/SOURCES.md): a fresh clone runs offline.
+PROJECT_GLUE = Path(__file__).resolve().parents[1] / "data" / "glue"
+
+
+def glue_source(glue_dir: str, task: str = "") -> str | Path:
+    """Where a GLUE task's files are read from, first match wins: the `glue_dir` parameter >
+    $GLUE_DIR > the project's data/glue when it holds `task` > the hub ("hub"). A folder that
+    is named but does not exist is an error, never a silent fall-through to the next source."""
+    if glue_dir == "hub":
+        return "hub"
+    for origin, chosen in (("glue_dir", glue_dir), ("GLUE_DIR", os.environ.get("GLUE_DIR", ""))):
+        if chosen:
+            path = Path(chosen).expanduser()
+            if not path.is_dir():
+                raise readers.DataError(f"{origin}={chosen}: no such folder; point it at the "
+                                        "folder holding the <TASK>/ subfolders, or unset it to "
+                                        f"use the project's copy ({PROJECT_GLUE})")
+            return path
+    if task and (PROJECT_GLUE / task).is_dir():
+        return PROJECT_GLUE
+    return "hub"
 
 
 def load_task_data(cfg: RunConfig) -> TaskData:
@@ -43,7 +60,7 @@ def load_task_data(cfg: RunConfig) -> TaskData:
         train = synthetic.generate(pair, cfg.synthetic_size, "train")
         dev = synthetic.generate(pair, max(cfg.synthetic_size // 4, 8), "dev")
         return TaskData(task, _cap(train, cfg), {"dev": dev}, {})
-    source = glue_source(cfg.glue_dir)
+    source = glue_source(cfg.glue_dir, task.name)
 
     def read(split: str) -> Split:
         if source == "hub":

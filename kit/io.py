@@ -21,7 +21,8 @@ def atomic_path(path: str | Path):
     POSIX within one file system), on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # the temp name keeps the real suffix: tools that check it (papermill: .ipynb) accept it
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; results are meant to be shared
     try:

@@ -67,6 +67,9 @@ def load_backbone(name: str, eager_attention: bool = False):
     source = model_path(name)
     # a hub id: ask whether the hub answers first (the GLUE reader's check); if not, only the
     # local cache is tried, so offline it fails in seconds, not after minutes of retries
+    if looks_like_path(source) and not Path(source).exists():
+        raise ModelError(f"model folder {name!r} does not exist (cwd {Path.cwd()}); build or "
+                         "copy it there, or give a hub id (organisation/name)")
     unreachable = None if Path(source).exists() else readers.hub_unreachable()
     try:
         model = AutoModel.from_pretrained(source, attn_implementation=attn,
@@ -79,6 +82,12 @@ def load_backbone(name: str, eager_attention: bool = False):
 def model_path(name: str) -> str:
     """What Hugging Face loads for a model name: the embedded model's folder, else the name."""
     return str(embedded_model_dir()) if name == EMBEDDED else name
+
+
+def looks_like_path(name: str) -> bool:
+    """A file-system path, never a hub id: absolute, ./ or ../ or ~, or more than one "/"
+    (hub ids are `name` or `organisation/name`)."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
 
 
 def _first_line(err: Exception) -> str:

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from kit import io as kio
 from kit import metrics as kmetrics
+from kit import progress as kprogress
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import collate, encode, length_grouped_batches, load_task_data, random_batches
 from kit.models import load_backbone, target_loss
@@ -187,7 +187,8 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
             unwrapped.set_task(t)
             results[task.name] = {
                 split: (_to_predictions(_predict_logits(model, ex, cfg.eval_batch_size, pad_id,
-                                                        accelerator), task.regression), ex.labels)
+                                                        accelerator, f"eval {task.name}"),
+                                        task.regression), ex.labels)
                 for split, ex in dev[t].items()}
             per_task[task.name] = kmetrics.evaluate_splits(task, results[task.name])
             three[task.name] = kmetrics.three_subset_stats(
@@ -205,8 +206,9 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
         model.train()
         running, running_tasks = [], []
         epoch_losses = [[] for _ in tasks]
-        for i, (t, rows) in enumerate(tqdm(plan, desc=f"epoch {epoch}", mininterval=10,
-                                           disable=not accelerator.is_local_main_process)):
+        for i, (t, rows) in enumerate(kprogress.bar(
+                plan, desc=f"epoch {epoch}/{cfg.epochs - 1} train",
+                disable=not accelerator.is_local_main_process)):
             batch = _to_device(collate(train[t], rows, pad_id), accelerator)
             with accelerator.accumulate(model):
                 out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -253,6 +255,10 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                   "stage": stage, "wall_s": round(time.perf_counter() - started, 3)}
         epochs.append(record)
         improved = progress.best is None or score > progress.best["dev"]["score"]
+        if accelerator.is_local_main_process:
+            kprogress.note(f"epoch {epoch}/{cfg.epochs - 1}: mean dev score {score:.4f} ("
+                           + ", ".join(f"{n} {m['score']:.4f}" for n, m in per_task.items())
+                           + f"){' (best)' if improved else ''}")
         if improved:
             progress.best = record
             for task in tasks:

@@ -244,7 +244,7 @@ def _hub_split_name(split: str) -> str:
     return "validation" + split.removeprefix("dev") if split.startswith("dev") else split
 
 
-def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
     """Why the hub cannot be used right now, or None. Checked before calling `datasets`,
     which otherwise retries for minutes before failing offline."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
@@ -312,7 +312,7 @@ def read_hub_split(task: Task, split: str) -> Split:
     Fails fast with a DataError when offline (HF_HUB_OFFLINE set or hub unreachable).
     """
     _check_glue_split(task, split)
-    reason = _hub_unreachable()
+    reason = hub_unreachable()
     if reason:
         raise DataError(f"the Hugging Face hub is unreachable ({reason}), so GLUE {task.name} "
                         f"cannot be downloaded; use a local copy of GLUE: {_GLUE_HINT}")
@@ -348,6 +348,46 @@ def _folds(column: pd.Series, where: Where) -> np.ndarray:
     return folds.astype(np.int64)
 
 
+def _csv_frame(path: Path, wanted: Sequence[str]) -> pd.DataFrame:
+    """A user's CSV as strings (header row, commas, standard quoting), with the `wanted`
+    columns present and at least one row."""
+    # Trailing blank lines are editor noise; blank lines inside the file stay rows (with an
+    # empty target, which is reported), so that row numbers keep matching file lines.
+    text = _read_text(path).rstrip("\r\n") + "\n"
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False,
+                            skip_blank_lines=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise DataError(f"{path}: not a readable CSV ({err}); check the separator (commas) and "
+                        "that quotes are balanced") from None
+    missing = [name for name in wanted if name not in frame.columns]
+    if missing:
+        raise DataError(f"{path}: no column {', '.join(map(repr, missing))}; the file has "
+                        f"columns {list(frame.columns)}")
+    if frame.empty:
+        raise DataError(f"{path}: the file has a header but no rows")
+    return frame
+
+
+def read_csv_test(path: str | Path, text_columns: tuple[str, ...], id_column: str) -> Split:
+    """A Kaggle-style test CSV: the training file's text columns and an id column (unique
+    ids, kept as text, in file order: the order of submission.csv); no labels."""
+    path = Path(path)
+    if len(text_columns) not in (1, 2):
+        raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
+    frame = _csv_frame(path, [*text_columns, id_column])
+    ids = frame[id_column].str.strip()
+    bad = np.flatnonzero((ids == "").to_numpy() | ids.duplicated().to_numpy())
+    if len(bad):
+        i = int(bad[0])
+        what = "empty id" if ids.iloc[i] == "" else f"duplicate id {ids.iloc[i]!r}"
+        raise DataError(f"{path}: line {_csv_line(frame, i)}: {what} in column {id_column!r}; "
+                        "a submission needs one unique id per row")
+    return Split(text_a=frame[text_columns[0]].tolist(),
+                 text_b=frame[text_columns[1]].tolist() if len(text_columns) > 1 else None,
+                 labels=None, ids=ids.tolist(), source=str(path))
+
+
 def read_csv_split(path: str | Path, text_columns: tuple[str, ...], target: str,
                    regression: bool, fold_column: str | None = None,
                    labels: tuple[str, ...] | None = None,
@@ -362,22 +402,7 @@ def read_csv_split(path: str | Path, text_columns: tuple[str, ...], target: str,
     path = Path(path)
     if len(text_columns) not in (1, 2):
         raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
-    # Trailing blank lines are editor noise; blank lines inside the file stay rows (with an
-    # empty target, which is reported), so that row numbers keep matching file lines.
-    text = _read_text(path).rstrip("\r\n") + "\n"
-    try:
-        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False,
-                            skip_blank_lines=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise DataError(f"{path}: not a readable CSV ({err}); check the separator (commas) and "
-                        "that quotes are balanced") from None
-    wanted = [*text_columns, target, *([fold_column] if fold_column else [])]
-    missing = [name for name in wanted if name not in frame.columns]
-    if missing:
-        raise DataError(f"{path}: no column {', '.join(map(repr, missing))}; the file has "
-                        f"columns {list(frame.columns)}")
-    if frame.empty:
-        raise DataError(f"{path}: the file has a header but no rows")
+    frame = _csv_frame(path, [*text_columns, target, *([fold_column] if fold_column else [])])
 
     def where(i: int) -> str:
         return f"{path}: line {_csv_line(frame, i)}"

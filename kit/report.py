@@ -17,9 +17,10 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
-from kit.config import RunConfig
+from kit.config import ConfigError, RunConfig
 from kit.metrics import heldout_epoch
 from kit.paper_results import PAPER_TASKS, paper_profile
+from kit.profiles import load_profile, profile_path
 # Re-exported: the tables' names callers know from kit.report (figures, notebooks, tests).
 from kit.tables import (EPOCH_VIEWS, METHOD_LABELS, budget_view, comparisons,  # noqa: F401
                         epoch_table, epoch_view, fold_runs, paper_table, paper_table_for,
@@ -158,8 +159,6 @@ def profile_run_dirs(profile: str, outputs_dir: str | os.PathLike = "outputs") -
     Membership is by run id, as the batch runner's own tables do: a finished run is shared by
     every profile whose grid holds its config (the second profile skips it), while its
     config.json names only the profile that ran it first."""
-    from kit.batch import load_profile, profile_path
-    from kit.config import ConfigError, RunConfig
     try:
         profile_path(profile)
     except ConfigError:

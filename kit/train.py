@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from kit import io as kio
 from kit import metrics as kmetrics
+from kit import progress as kprogress
 from kit.config import MULTITASK_METHODS, RunConfig
 from kit.data import (Examples, encode, length_grouped_batches, load_task_data, make_loader,
                       random_batches, sorted_batches)
@@ -188,9 +188,9 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
     model, optimizer = accelerator.prepare(model, optimizer)
     schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
 
-    def predict(examples: Examples) -> np.ndarray:
+    def predict(examples: Examples, desc: str = "eval") -> np.ndarray:
         return _to_predictions(_predict_logits(model, examples, cfg.eval_batch_size, pad_id,
-                                               accelerator), task.regression)
+                                               accelerator, desc), task.regression)
 
     progress = _resume(model, optimizer, run_dir) if cfg.save_checkpoints else None
     progress = progress or Progress()
@@ -202,8 +202,9 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
     for epoch in range(progress.epoch + 1, cfg.epochs):
         # (1) the epoch's examples: SSA probes with the model as it stands after epoch - 1
         t0 = time.perf_counter()
-        epoch_set, stats = build_epoch(train, cfg, epoch, predict, task.regression,
-                                       tokenizer.mask_token_id, run_dir)
+        epoch_set, stats = build_epoch(train, cfg, epoch,
+                                       lambda ex: predict(ex, f"epoch {epoch} label generation"),
+                                       task.regression, tokenizer.mask_token_id, run_dir)
         walls["label_generation"] += time.perf_counter() - t0
         if stats is not None:
             progress.label_stats.append(stats)
@@ -216,8 +217,9 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         loader = _loader(accelerator, epoch_set, batches, pad_id)
         model.train()
         running = []
-        for i, batch in enumerate(tqdm(loader, desc=f"epoch {epoch}", mininterval=10,
-                                       disable=not accelerator.is_local_main_process)):
+        steps = kprogress.bar(loader, desc=f"epoch {epoch}/{cfg.epochs - 1} train",
+                             disable=not accelerator.is_local_main_process)
+        for i, batch in enumerate(steps):
             batch = _to_device(batch, accelerator)
             with accelerator.accumulate(model):
                 terms = _loss_terms(model, batch, cfg, task.regression)
@@ -238,6 +240,8 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
                     "step": progress.step, "epoch": round(epoch + (i + 1) / len(loader), 4),
                     "wall_s": round(time.perf_counter() - started, 3),
                     **dict(zip(terms, window.mean(0).tolist())), "lr": lr})
+                steps.set_postfix(loss=f"{progress.history[-1]['loss']:.4f}", refresh=False)
+        steps.close()
         walls["train"] += time.perf_counter() - t0
 
         # (3) evaluate on the full dev set(s); checkpoint best, then last with the loop state
@@ -252,6 +256,9 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
                   "wall_s": round(time.perf_counter() - started, 3)}
         progress.epochs.append(record)
         improved = progress.best is None or dev_metrics["score"] > progress.best["dev"]["score"]
+        if accelerator.is_local_main_process:
+            kprogress.note(f"epoch {epoch}/{cfg.epochs - 1}: dev {_brief(dev_metrics)}, train loss "
+                           f"{record['train_loss']:.4f}{' (best)' if improved else ''}")
         unwrapped = accelerator.unwrap_model(model)
         if improved:
             progress.best = record
@@ -396,14 +403,14 @@ def _loss_terms(model, batch: dict, cfg: RunConfig, regression: bool) -> dict[st
 
 @torch.inference_mode()
 def _predict_logits(model, examples: Examples, batch_size: int, pad_id: int,
-                    accelerator) -> np.ndarray:
+                    accelerator, desc: str = "eval") -> np.ndarray:
     """Logits for every row, in row order. Eval mode (no dropout); longest batches first;
     rows travel with the batch so sharded, gathered results can be put back in order."""
     was_training = model.training
     model.eval()
     loader = _loader(accelerator, examples, sorted_batches(examples.lengths, batch_size), pad_id)
     rows, logits = [], []
-    for batch in loader:
+    for batch in kprogress.bar(loader, desc=desc, disable=not accelerator.is_local_main_process):
         batch = _to_device(batch, accelerator)
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
@@ -414,6 +421,12 @@ def _predict_logits(model, examples: Examples, batch_size: int, pad_id: int,
     result = np.empty((len(examples), logits[0].shape[-1]), dtype=np.float32)
     result[torch.cat(rows).numpy()] = torch.cat(logits).numpy()
     return result
+
+
+def _brief(dev_metrics: dict) -> str:
+    """`accuracy 0.6123, f1 0.58` from a dev metrics dict (flat or per dev split)."""
+    flat = {k: v for k, v in dev_metrics.items() if isinstance(v, (int, float)) and k != "score"}
+    return ", ".join(f"{k} {v:.4f}" for k, v in flat.items()) or f"score {dev_metrics['score']:.4f}"
 
 
 def _to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:

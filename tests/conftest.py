@@ -1,18 +1,18 @@
-"""Shared test set-up: offline always, GLUE data from GLUE_DIR or ../shared/glue."""
+"""Shared test set-up: offline always; real GLUE data from the project's own copy (data/glue)."""
 import os
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"          # before transformers / datasets are imported
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.pop("GLUE_DIR", None)            # tests read the project's copy, whatever the shell says
 
 import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-GLUE_DIR = Path(os.environ.get("GLUE_DIR") or REPO.parent / "shared" / "glue")
+GLUE_DIR = REPO / "data" / "glue"
 
 
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
-    if not GLUE_DIR.is_dir():
-        pytest.fail(f"real GLUE data not found at {GLUE_DIR}: set GLUE_DIR")
+    assert GLUE_DIR.is_dir(), f"the project's GLUE copy is missing: {GLUE_DIR}"
     return GLUE_DIR

@@ -46,7 +46,8 @@ def test_quoted_number_is_a_one_line_error_naming_the_file_and_parameter(tmp_pat
     ("grid:\n  lrr: 0.1\n", "did you mean 'lr'"),
     ("grid:\n  task: NOPE\n  method: bert\n  epochs: 0\n", "'epochs'"),
     ("gird:\n  lr: 0.1\n", "unknown key(s) gird"),
-    ("grid: [1, 2\n", "not valid YAML"),
+    ("grid: [1, 2\n", "not valid YAML: line 2, column 1: expected ',' or ']'"),
+    ("task: RTE\ngrid:\n  seed: 0\n", "task at the top level: run parameters go under `grid:`"),
     ("grid:\n  gamma: -1.0\n", "'gamma'"),
 ])
 def test_bad_profiles(tmp_path, text, needle):
@@ -107,7 +108,7 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
     a rerun skips finished runs and retries only the failed one."""
     outputs = tmp_path / "out"
     profile = write_profile(tmp_path, (REPO / "params" / "smoke.yaml").read_text()
-                            + "task_overrides:\n  RTE: {glue_dir: /nonexistent/glue}\n")
+                            + "task_overrides:\n  RTE: {model: /nonexistent/model}\n")
     text = profile.read_text().replace("task: synthetic", "task: [synthetic, RTE]")
     profile.write_text(text)
     points = batch.load_profile(str(profile), str(outputs)).points
@@ -121,13 +122,13 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
         run = run_dir_of(RunConfig.from_dict(point))
         record = json.loads((run / "metrics.json").read_text())
         if point["task"] == "RTE":
-            assert record["status"] == "failed" and "/nonexistent/glue" in record["error"]
+            assert record["status"] == "failed" and "/nonexistent/model" in record["error"]
         else:
             assert record["status"] == "ok"
             assert (run / "notebook.ipynb").exists()            # the executed copy
     tables = outputs / "tables"
-    for suffix in ("md", "csv", "tex"):
-        assert (tables / f"p.{suffix}").exists()
+    assert (tables / "p.md").exists() and (tables / "p.tex").exists()
+    assert list(tables.glob("p-*.csv"))                   # one CSV per table
     md = (tables / "p.md").read_text()
     assert "SSA-H" in md and "failed" in md
 
@@ -170,3 +171,108 @@ def test_notebook_defaults_do_not_leak_into_the_run(tmp_path):
     record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert record["status"] == "ok" and record["run_id"] == cfg.run_id
     assert len(list((outputs / "runs").iterdir())) == 1
+
+
+# ---------------------------------------------------------------- pre-flight: before any kernel
+
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """Fail the test if a notebook kernel would start."""
+    import papermill
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a notebook kernel was started")
+
+    monkeypatch.setattr(papermill, "execute_notebook", refuse)
+
+
+def test_a_bad_data_file_stops_the_batch_before_any_kernel(tmp_path, glue_dir, capsys, no_kernels):
+    bad = tmp_path / "glue" / "RTE"
+    bad.mkdir(parents=True)
+    for split in ("train", "dev"):
+        (bad / f"{split}.tsv").write_text((glue_dir / "RTE" / f"{split}.tsv").read_text())
+    lines = (bad / "dev.tsv").read_text().splitlines()
+    lines[5] = lines[5].replace("\tnot_entailment", "\tmaybe").replace("\tentailment", "\tmaybe")
+    (bad / "dev.tsv").write_text("\n".join(lines) + "\n")
+    path = write_profile(tmp_path, f"grid:\n  task: [synthetic, RTE]\n  model: tiny\n"
+                                   f"  glue_dir: {tmp_path / 'glue'}\n")
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    assert "RTE/dev.tsv: line 6" in err and "maybe" in err
+    assert not (tmp_path / "out" / "runs").exists()          # nothing ran, nothing was written
+
+
+def test_a_glue_dir_typo_is_an_error_even_when_skipping_missing_tasks(tmp_path, capsys, no_kernels):
+    path = write_profile(tmp_path, "skip_missing_tasks: true\ngrid:\n  task: [RTE, CoLA]\n"
+                                   "  glue_dir: /no/such/glue\n")
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "glue_dir=/no/such/glue: no such folder" in err and "\n" not in err
+
+
+def test_glue_dir_env_typo_is_an_error(tmp_path, capsys, monkeypatch, no_kernels):
+    monkeypatch.setenv("GLUE_DIR", "/no/such/env/glue")
+    path = write_profile(tmp_path, "skip_missing_tasks: true\ngrid:\n  task: RTE\n")
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 2
+    assert "GLUE_DIR=/no/such/env/glue: no such folder" in capsys.readouterr().err
+
+
+def test_a_task_found_nowhere_is_skipped_or_stops_the_batch(tmp_path, capsys, monkeypatch):
+    """MRPC is not in the project's copy and the hub is unreachable (HF_HUB_OFFLINE=1)."""
+    text = "grid:\n  task: [synthetic, MRPC]\n  model: tiny\n  synthetic_size: 64\n  epochs: 1\n"
+    path = write_profile(tmp_path, text)
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "MRPC: not in the project's data/glue" in err and "unreachable" in err
+    path.write_text("skip_missing_tasks: true\n" + text)
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "task=MRPC method=bert seed=0 model=tiny: absent (MRPC: not in the project's" in out
+    assert "1 ok, 0 skipped, 0 failed, 1 absent" in out
+
+
+def test_every_task_of_the_demo_profile_is_in_the_project(no_kernels):
+    profile = batch.load_profile("demo")
+    assert batch.preflight(profile, profile.points) == {}   # nothing absent, nothing bad
+
+
+def test_glue_files_resolve_parameter_then_env_then_project_then_hub(tmp_path, monkeypatch):
+    from kit.data import PROJECT_GLUE, glue_source
+    monkeypatch.delenv("GLUE_DIR", raising=False)
+    assert glue_source("", "RTE") == PROJECT_GLUE
+    assert glue_source("", "MRPC") == "hub"                  # not in the project's copy
+    assert glue_source("hub", "RTE") == "hub"
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    assert glue_source("", "RTE") == tmp_path
+    other = tmp_path / "other"
+    other.mkdir()
+    assert glue_source(str(other), "RTE") == other
+
+
+def test_nothing_in_the_project_reads_the_shared_folder_beside_the_clone():
+    """A user's clone has no ../shared: code, tests, profiles, notebooks, CI must not use it."""
+    needles = ["../" + "shared", "parents[2] / " + '"shared"', "shared/" + "glue",
+               "shared/" + "reference"]
+    roots = [REPO / d for d in ("kit", "tests", "params", "notebooks", "bench", ".ci")]
+    files = [f for r in roots for f in r.rglob("*") if f.is_file() and f.suffix in
+             (".py", ".yaml", ".ipynb", ".sh", ".cfg", ".toml", "") and "__pycache__" not in f.parts]
+    files += [REPO / "run_all.sh", REPO / "pyproject.toml"]
+    hits = [f"{f.relative_to(REPO)}: {n}" for f in files for n in needles
+            if n in f.read_text(errors="replace")]
+    assert not hits
+
+
+def test_log_progress_lines_are_whole_lines(monkeypatch):
+    import io
+    from kit import progress
+    out = io.StringIO()
+    bar = progress.LineBar(range(5), desc="epoch 0/1 train", file=out, mininterval=0, delay=0,
+                           miniters=1)
+    for _ in bar:
+        bar.set_postfix(loss="0.5000", refresh=False)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and out.getvalue().endswith("\n")
+    assert lines[0].startswith("epoch 0/1 train:   0% 0/5")
+    assert lines[-1].startswith("epoch 0/1 train: 100% 5/5") and lines[-1].endswith("loss=0.5000")

@@ -183,3 +183,29 @@ def test_one_family_through_papermill(folders, tmp_path):
                         progress_bar=False)
     metrics = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert metrics["status"] == "ok" and metrics["model"] == str(folders["deberta-v3"])
+
+
+# --------------------------------------------------------------------------- multi-task
+
+MULTITASK_OK = {"bert", "roberta", "xlm-roberta", "electra"}   # encoder.layer[i].attention.self
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multitask_models_build_or_say_why_in_one_line(folders, family):
+    """EmBERT / Gated-BERT hook BERT-style self-attention (query/key/value Linear layers):
+    families with that layout run; the others stop with one line naming the encoder."""
+    from kit.models import ModelError
+    from kit.multitask_models import MultiTaskModel, MultiTaskSpec
+    backbone, tokenizer = load_backbone(str(folders[family]))
+    spec = MultiTaskSpec(["RTE", "CoLA"], [2, 2], [False, False], "gated")
+    if family not in MULTITASK_OK:
+        with pytest.raises(ModelError, match=rf"^{type(backbone).__name__}: embert/gated need a "
+                                             r"BERT-style encoder \(encoder\.layer\[i\][^\n]*$"):
+            MultiTaskModel(backbone, spec)
+        return
+    model = MultiTaskModel(backbone, spec).eval()
+    enc = tokenizer(["a good movie", "bad"], ["fine", "it was"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(enc["input_ids"], enc["attention_mask"],
+                    token_type_ids=enc.get("token_type_ids"), task=1)
+    assert out["logits"].shape == (2, 2)

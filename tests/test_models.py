@@ -1,5 +1,6 @@
 """Tests of kit.models: masked softmax, SSA-H token weights, heads, losses, save/load."""
 import copy
+import re
 import time
 
 import numpy as np
@@ -435,6 +436,13 @@ def test_local_folder_never_asks_the_hub(tiny, tmp_path, monkeypatch):
     tiny[1].save_pretrained(tmp_path)
     backbone, _ = load_backbone(str(tmp_path))
     assert backbone.config.hidden_size == 32
+
+
+@pytest.mark.parametrize("name", ["outputs/zoo/no-such-family", "./no-such-folder", "/no/such"])
+def test_missing_local_folder_is_not_looked_up_on_the_hub(name, monkeypatch):
+    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: pytest.fail("hub checked"))
+    with pytest.raises(ModelError, match=rf"^model folder {re.escape(repr(name))} does not exist "):
+        load_backbone(name)
 
 
 def test_load_backbone_folder_without_weights(tiny, tmp_path):

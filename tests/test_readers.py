@@ -330,7 +330,7 @@ def test_hub_reader_asks_for_the_hub_split_and_remaps(monkeypatch):
         return datasets.Dataset.from_dict(
             {"premise": ["p"], "hypothesis": ["h"], "label": [2], "idx": [7]}, features=features)
 
-    monkeypatch.setattr("kit.readers._hub_unreachable", lambda: None)
+    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: None)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     s = read_hub_split(GLUE_TASKS["MNLI"], "dev_mismatched")
     assert calls == [("nyu-mll/glue", "mnli", "validation_mismatched")]

@@ -4,6 +4,7 @@ outputs and a full disk give one clear line and no half-written files."""
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,6 +124,11 @@ def test_two_batches_on_one_profile_at_once(tmp_path):
     for point in batch.load_profile("smoke", str(outputs)).points:
         run = run_dir_of(RunConfig.from_dict(point))
         assert json.loads((run / "metrics.json").read_text())["status"] == "ok"
-    assert not list(outputs.rglob("*.tmp"))
+    assert not list(outputs.rglob("*.tmp*"))
     summaries = [o.strip().splitlines()[-1] for o in outs]
     assert all("0 failed" in s for s in summaries), summaries
+    counts = [re.search(r"(\d+) ok, (\d+) skipped", s).groups() for s in summaries]
+    assert sum(int(ok) for ok, _ in counts) == 4          # each config trained exactly once
+    assert sum(int(skipped) for _, skipped in counts) == 4
+    for notebook in outputs.rglob("notebook.ipynb"):     # the winner's notebook, whole
+        assert json.loads(notebook.read_text())["cells"]

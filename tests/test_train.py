@@ -72,7 +72,7 @@ def test_output_contract(tmp_path):
         assert (folder / "config.json").exists() and (folder / "heads.safetensors").exists()
     dev = (run / "predictions" / "dev.tsv").read_text().splitlines()
     assert dev[0] == "index\tprediction\tlabel" and len(dev) == 1 + 100
-    assert not list(run.rglob("*.tmp"))
+    assert not list(run.rglob("*.tmp*"))
 
 
 def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
