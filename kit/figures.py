@@ -115,10 +115,11 @@ def _axes(ax, figsize):
 
 def gamma_points(runs: pd.DataFrame, metric: str = "score",
                  methods: Sequence[str] = GAMMA_METHODS) -> pd.DataFrame:
-    """Dev `metric` (best epoch, full dev set) per method x gamma over the seeds of the finished
-    runs: columns task, model, method, label, gamma, mean, std (sample std; NaN with one seed),
-    n, scale (the values are x100 where the task is shown x100). One task and model; one
-    configuration per method x gamma x seed."""
+    """Dev `metric` (best epoch, full dev set) per method x budget x gamma over the seeds of the
+    finished runs: columns task, model, method, label, budget, gamma, mean, std (sample std;
+    NaN with one seed), n, seeds, scale (the values are x100 where the task is shown x100). Runs
+    of `budget: equal_steps` (BERT-mask at BERT-r's optimizer steps) are their own line,
+    labelled "(equal steps)". One task and model; one configuration per line x gamma x seed."""
     ok = _ok(runs)
     ok = ok[ok["method"].isin(methods)] if len(ok) else ok
     if ok.empty:
@@ -126,18 +127,20 @@ def gamma_points(runs: pd.DataFrame, metric: str = "score",
     task, model = _single(ok, "task", "gamma figure"), _single(ok, "model", "gamma figure")
     if metric not in ok.columns:
         raise ValueError(f"gamma figure: no metric {metric!r} in the runs of {task}")
-    _one_per_seed(ok, ["method", "gamma"], "gamma figure")
+    ok = ok.assign(budget=ok["budget"].fillna("epochs") if "budget" in ok else "epochs")
+    _one_per_seed(ok, ["method", "budget", "gamma"], "gamma figure")
     scale = score_scale(task, ok)
-    stats = (ok.groupby(["method", "gamma"])[metric].agg(["mean", "std", "count"])
+    stats = (ok.groupby(["method", "budget", "gamma"])[metric].agg(["mean", "std", "count"])
              .reset_index().rename(columns={"count": "n"}))
     stats["seeds"] = _seeds(ok)
     stats[["mean", "std"]] *= scale
     stats.insert(0, "model", model)
     stats.insert(0, "task", task)
-    stats.insert(3, "label", stats["method"].map(_label))
+    stats.insert(3, "label", stats["method"].map(_label) + stats["budget"].map(
+        lambda b: "" if b == "epochs" else f" ({b.replace('_', ' ')})"))
     stats["scale"], stats["metric"] = scale, metric
     order = {m: i for i, m in enumerate(_method_order(stats["method"].unique()))}
-    return (stats.assign(_o=stats["method"].map(order)).sort_values(["_o", "gamma"])
+    return (stats.assign(_o=stats["method"].map(order)).sort_values(["_o", "budget", "gamma"])
             .drop(columns="_o").reset_index(drop=True))
 
 
@@ -164,14 +167,17 @@ def plot_gamma(points: pd.DataFrame, baseline: dict | None = None, ax=None,
     the baseline as a horizontal line with a mean ± std band. Methods are shifted sideways by
     `dodge` x the gamma range so equal values stay visible."""
     fig, ax = _axes(ax, (6, 4))
-    groups = list(points.groupby("method", sort=False))
+    groups = list(points.groupby("label", sort=False))
     span = float(points["gamma"].max() - points["gamma"].min()) or 1.0
-    for i, (method, rows) in enumerate(groups):
+    for i, (label, rows) in enumerate(groups):
+        method, capped = rows["method"].iloc[0], rows.get("budget", pd.Series([""])).iloc[0]
+        capped = capped not in ("", "epochs")          # equal steps: dotted, open markers
         n = ", ".join(sorted({str(int(v)) for v in rows["n"]}))
         shift = dodge * span * (i - (len(groups) - 1) / 2)    # keep error bars apart
         ax.errorbar(rows["gamma"] + shift, rows["mean"], yerr=rows["std"].fillna(0),
                     marker=_marker(method, i), capsize=3, color=_color(method, i),
-                    label=f"{_label(method)} (n={n})")
+                    linestyle=":" if capped else "-",
+                    markerfacecolor="white" if capped else None, label=f"{label} (n={n})")
     if baseline is not None:
         ax.axhline(baseline["mean"], color=_color(baseline["method"]), linestyle="--",
                    label=f"{baseline['label']} (n={baseline['n']})")
@@ -217,7 +223,7 @@ def load_history(run_dir: str | os.PathLike) -> pd.DataFrame:
 def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS,
                 loss: str = "loss_target", seeds: Sequence[int] | None = None) -> pd.DataFrame:
     """Training loss against wall-clock time, one row per logged window of each finished run of
-    `methods`: run_id, task, model, method, label, seed, step, epoch, wall_s, loss, log10_loss,
+    `methods` at the default budget (epochs; equal_steps runs are left out): run_id, task, model, method, label, seed, step, epoch, wall_s, loss, log10_loss,
     loss_name.
 
     `loss` is a history.csv column: "loss_target" (default) is the target task's loss, the
@@ -229,6 +235,8 @@ def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS,
     log10_loss is NaN where the loss is not positive."""
     ok = _ok(runs)
     ok = ok[ok["method"].isin(methods)] if len(ok) else ok
+    if "budget" in ok:                  # the runs as the paper trains them (not equal_steps)
+        ok = ok[ok["budget"].fillna("epochs") == "epochs"]
     if seeds and len(ok):
         ok = ok[ok["seed"].isin(list(seeds))]
     if ok.empty:

@@ -244,3 +244,19 @@ def test_no_ssa_loss_before_ssa_starts(tmp_path):
     curves = figures.cost_curves(load_runs(tmp_path), loss="loss_ssa")
     assert curves["loss"].isna().tolist() == [True, True, False, False]
     assert curves["loss"].tolist()[2:] == [0.2, 0.1]
+
+
+def test_gamma_points_keep_the_equal_steps_budget_apart(tmp_path, gamma_runs):
+    for seed, value in enumerate([0.76, 0.78, 0.80]):
+        make_run(tmp_path, f"eq-{seed}", method="bert-mask", gamma=2.0, seed=seed, score=value,
+                 budget="equal_steps")
+    points = figures.gamma_points(load_runs(tmp_path))
+    capped = points[points["budget"] == "equal_steps"]
+    assert capped["label"].tolist() == ["BERT-mask (equal steps)"]
+    assert capped["mean"].tolist() == pytest.approx([78.0]) and capped["n"].tolist() == [3]
+    plain = points[(points["method"] == "bert-mask") & (points["budget"] == "epochs")]
+    assert plain["mean"].tolist() == pytest.approx([80.0, 72.0])        # gamma 0.6, 2.0
+    fig = figures.plot_gamma(points)
+    assert [c.get_label() for c in fig.axes[0].containers] == [
+        "BERT-mask (n=3)", "BERT-mask (equal steps) (n=3)", "SSA-H (n=3)"]
+    matplotlib.pyplot.close("all")
