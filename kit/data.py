@@ -80,16 +80,23 @@ def _load_csv(cfg: RunConfig) -> TaskData:
     kit.folds assigns them with a FIXED seed 0, stratified on the classes (classification) or
     on quantile bins of the target (regression): folds are a property of the data, so every
     seed of a grid validates on the same rows and one seed's k runs give out-of-fold
-    predictions for every row. `max_train_examples` caps train as for GLUE tasks."""
+    predictions for every row. `max_train_examples` caps train as for GLUE tasks. A
+    `csv_test_path` file is the test split (its ids from `csv_id_column`): submission.csv."""
     from kit.folds import assign_folds
     split, labels = readers.read_csv_split(cfg.csv_path, cfg.csv_text_columns, cfg.csv_target,
                                            cfg.csv_regression, cfg.csv_fold_column or None)
-    task = csv_task(cfg.csv_text_columns, None if cfg.csv_regression else labels)
+    try:
+        task = csv_task(cfg.csv_text_columns, None if cfg.csv_regression else labels,
+                        cfg.csv_metric)
+    except ValueError as err:                # csv_metric f1 on more than two classes
+        raise readers.DataError(f"{cfg.csv_path}: {err}") from None
+    test = ({"test": readers.read_csv_test(cfg.csv_test_path, cfg.csv_text_columns,
+                                           cfg.csv_id_column)} if cfg.csv_test_path else {})
     if not cfg.n_folds:
         order = np.random.default_rng(cfg.seed).permutation(len(split))
         n_dev = max(len(split) // 5, 1)    # without folds: a seeded 80/20 split
         return TaskData(task, _cap(split.subset(order[n_dev:]), cfg),
-                        {"dev": split.subset(order[:n_dev])}, {})
+                        {"dev": split.subset(order[:n_dev])}, test)
     try:
         folds = assign_folds(cfg.n_folds, seed=0, labels=split.labels,
                              regression=cfg.csv_regression, given=split.folds)
@@ -101,7 +108,7 @@ def _load_csv(cfg: RunConfig) -> TaskData:
         raise readers.DataError(f"{cfg.csv_path}: fold {cfg.fold} holds {len(dev)} of "
                                 f"{len(split)} rows; dev and train must both be non-empty")
     train = np.flatnonzero(folds != cfg.fold)
-    return TaskData(task, _cap(split.subset(train), cfg), {"dev": split.subset(dev)}, {})
+    return TaskData(task, _cap(split.subset(train), cfg), {"dev": split.subset(dev)}, test)
 
 
 def _cap(train: Split, cfg: RunConfig) -> Split:

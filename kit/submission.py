@@ -13,10 +13,17 @@ writes `outputs/submissions/<profile>-<method>-s<seed>.zip` atomically (kit.io),
 (`<profile>-manifest.csv`) saying what each zip holds and lacks. AX.tsv (the diagnostic set,
 predicted with an MNLI model) is not produced by the kit: every manifest notes its absence.
 Reads only outputs/ (no torch).
+
+Kaggle-style CSV tasks: a run with `csv_test_path` writes `submission.csv` (`<csv_id_column>,
+<csv_target>`, the test file's ids in file order, class names or floats) from its best
+checkpoint (`write_csv_submission`); `average_fold_submissions` turns the finished fold runs of
+a k-fold set into one submission (the CommonLit recipe: the mean of the folds' predictions;
+for classification the most common class, ties to the first class in sorted order).
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 from collections.abc import Sequence
@@ -183,3 +190,63 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
     if len(table):
         kio.write_text(out_dir / f"{prefix}-manifest.csv", table.to_csv(index=False))
     return table
+
+
+# --------------------------------------------------------------------------- Kaggle CSV tasks
+
+def write_csv_submission(path: str | os.PathLike, ids: Sequence[str], predictions: Sequence,
+                         id_column: str, target: str) -> Path:
+    """`id_column,target` with one row per test id, in the given order, written atomically."""
+    path = Path(path)
+    frame = pd.DataFrame({id_column: list(ids), target: list(predictions)})
+    kio.write_text(path, frame.to_csv(index=False))
+    return path
+
+
+def _fold_submission(run_dir: Path) -> tuple[dict, pd.DataFrame] | None:
+    """(config, submission) of a finished run with a submission.csv, else None."""
+    paths = [run_dir / name for name in ("config.json", "metrics.json", "submission.csv")]
+    if not all(p.exists() for p in paths):
+        return None
+    if json.loads(paths[1].read_text()).get("status") != "ok":
+        return None
+    config = json.loads(paths[0].read_text())
+    frame = pd.read_csv(paths[2], dtype=str, keep_default_na=False)   # ids and classes as text
+    return config, frame
+
+
+def average_fold_submissions(run_dirs: Sequence[str | os.PathLike],
+                             out_path: str | os.PathLike | None = None) -> pd.DataFrame:
+    """One submission from the finished fold runs among `run_dirs` (e.g.
+    `kit.report.fold_run_dirs(config)`; unfinished folds are left out, `attrs["folds"]` lists
+    the folds used). Regression: the mean prediction per id; classification: the most common
+    class (ties: the first in sorted order). Every fold must hold the same ids in the same
+    order. Written to `out_path`, by default `<outputs>/submissions/<first run id>-folds.csv`
+    (the first of `run_dirs`: fold 0 of a fold_run_dirs list)."""
+    run_dirs = [Path(d) for d in run_dirs]
+    found = [(d, got) for d in run_dirs if (got := _fold_submission(d)) is not None]
+    if not found:
+        raise SubmissionError(f"no finished run with a submission.csv among {len(run_dirs)} "
+                              f"run folders ({run_dirs[0].parent if run_dirs else 'none given'})")
+    config, first = found[0][1]
+    id_column, target = config["csv_id_column"], config["csv_target"]
+    for run_dir, (_, frame) in found[1:]:
+        if list(frame.columns) != list(first.columns) or \
+                frame[id_column].tolist() != first[id_column].tolist():
+            raise SubmissionError(f"{run_dir / 'submission.csv'}: other ids or columns than "
+                                  f"{found[0][0] / 'submission.csv'}; were the folds run on "
+                                  "one test file?")
+    values = pd.concat([frame[target].rename(i) for i, (_, (_, frame)) in enumerate(found)], axis=1)
+    if config["csv_regression"]:
+        combined = values.astype(float).mean(axis=1)
+    else:
+        classes = sorted(set(values.to_numpy().ravel().tolist()))
+        counts = np.stack([(values == c).sum(axis=1).to_numpy() for c in classes], axis=1)
+        combined = pd.Series([classes[i] for i in counts.argmax(axis=1)])
+    out = pd.DataFrame({id_column: first[id_column], target: combined.to_numpy()})
+    out.attrs["folds"] = [int(c["fold"]) for _, (c, _) in found]
+    if out_path is None:
+        out_path = run_dirs[0].parent.parent / "submissions" / f"{run_dirs[0].name}-folds.csv"
+    kio.write_text(out_path, out.to_csv(index=False))
+    out.attrs["path"] = str(out_path)
+    return out

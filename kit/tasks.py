@@ -94,9 +94,16 @@ def _name_key(name: str) -> str:
     return re.sub(r"[-_\s]", "", name.lower())
 
 
-def csv_task(text_columns: tuple[str, ...], labels: tuple[str, ...] | None) -> Task:
-    """A task over the user's own CSV: regression when `labels` is None, else classification."""
-    metrics = ("rmse", "pearson") if labels is None else ("accuracy", "f1_macro")
+def csv_task(text_columns: tuple[str, ...], labels: tuple[str, ...] | None,
+             metric: str = "") -> Task:
+    """A task over the user's own CSV: regression when `labels` is None, else classification.
+    `metric` (csv_metric) alone selects the best epoch; "" keeps the defaults (rmse; the mean of
+    accuracy and macro F1). kit.metrics scores rmse as -rmse: lower is better."""
+    if metric == "f1" and labels is not None and len(labels) != 2:
+        raise ValueError(f"csv_metric 'f1' is the F1 of class 1 of two; the target has "
+                         f"{len(labels)} classes: use f1_macro")
+    metrics = ((metric,) if metric else
+               ("rmse", "pearson") if labels is None else ("accuracy", "f1_macro"))
     return Task("csv", tuple(text_columns), labels, metrics, test_splits=(), kind="csv")
 
 

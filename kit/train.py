@@ -32,6 +32,7 @@ from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, sa
                         target_loss)
 from kit.optim import parameter_groups
 from kit.ssa import build_epoch
+from kit.submission import write_csv_submission
 
 
 class NonFiniteLoss(RuntimeError):
@@ -263,7 +264,7 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         if improved:
             progress.best = record
             _write_dev_predictions(run_dir, task, data.dev, results)
-            if cfg.predict_test and not cfg.save_checkpoints:
+            if data.test and not cfg.save_checkpoints:
                 best_in_memory = copy.deepcopy(unwrapped.state_dict())
         _write_history(run_dir, progress.history)
         walls["eval"] += time.perf_counter() - t0
@@ -271,13 +272,17 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         if cfg.save_checkpoints and accelerator.is_main_process:
             _save_checkpoints(unwrapped, tokenizer, run_dir, improved, progress, optimizer)
 
-    if cfg.predict_test and data.test:
+    if data.test:                      # GLUE with predict_test, or a CSV task's csv_test_path
         best_weights = (load_trained(run_dir / "checkpoint" / "best")[0].state_dict()
                         if cfg.save_checkpoints else best_in_memory)
         accelerator.unwrap_model(model).load_state_dict(best_weights)
         for name, split in data.test.items():
             preds = predict(encode(tokenizer, split, cfg.max_length, task.regression))
             _write_test_predictions(run_dir, task, name, split, preds)
+            if task.kind == "csv":     # Kaggle: `<id>,<target>`, class names or floats
+                write_csv_submission(run_dir / "submission.csv", split.ids,
+                                     [_label_text(task, p) for p in preds], cfg.csv_id_column,
+                                     cfg.csv_target)
     walls["total"] = time.perf_counter() - started
     best = progress.best
     return {"epochs": progress.epochs, "best_epoch": best["epoch"], "best_dev": best["dev"],

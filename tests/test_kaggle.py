@@ -1,6 +1,7 @@
 """Kaggle-style CSV tasks with k folds: fold assignment through the CSV loader, the fold knobs'
 validation, a tiny k-fold fit, the per-fold / out-of-fold report, the kaggle notebook through
 papermill and the shipped profiles (kaggle-stsb, guiding-rte)."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -338,3 +339,135 @@ def test_shipped_kaggle_and_guiding_profiles():
     grid = {(p["guide_loss"], p["seed"]) for p in guiding.points}
     assert grid == {(g, s) for g in ("task", "task+both") for s in (0, 1, 2)}
     assert all(p["task"] == "RTE" and p["model"] == "minilm" for p in guiding.points)
+
+
+# ---------------------------------------------------------------- test file -> submission.csv
+
+def write_sentiment(tmp_path) -> tuple[Path, Path, list[str]]:
+    """A small classification CSV (class names as targets) and a test CSV whose ids are
+    neither sorted nor numbers, one text holding a comma."""
+    words = {"positive": ["good", "great", "fine"], "negative": ["bad", "awful", "poor"]}
+    rows = [f"{i},the film was {words[label][i % 3]} today,{label}"
+            for i, label in enumerate(["positive", "negative"] * 30)]
+    train = tmp_path / "train.csv"
+    train.write_text("id,review,sentiment\n" + "\n".join(rows) + "\n")
+    ids = ["q-17", "a3", "0009", "zz", "b,1"]
+    texts = ["so good", "awful, really", "the film was great", "bad bad", "fine"]
+    test = tmp_path / "test.csv"
+    pd.DataFrame({"review": texts, "key": ids}).to_csv(test, index=False)
+    return train, test, ids
+
+
+def sentiment_cfg(tmp_path, **extra) -> RunConfig:
+    train, test, _ = write_sentiment(tmp_path)
+    return RunConfig.from_dict({
+        "task": "csv", "csv_path": str(train), "csv_text_columns": "review",
+        "csv_target": "sentiment", "csv_regression": False, "csv_test_path": str(test),
+        "csv_id_column": "key", "model": "tiny", "epochs": 2, "lr": 1e-3, "batch_size": 16,
+        "outputs_dir": str(tmp_path / "out"), **extra})
+
+
+def test_csv_test_file_gives_submission_with_ids_in_order_and_class_names(tmp_path):
+    from kit.train import fit, run_dir_of
+    cfg = sentiment_cfg(tmp_path)
+    assert fit(cfg)["status"] == "ok"
+    sub = pd.read_csv(run_dir_of(cfg) / "submission.csv", dtype=str, keep_default_na=False)
+    _, _, ids = write_sentiment(tmp_path)
+    assert list(sub.columns) == ["key", "sentiment"]
+    assert sub["key"].tolist() == ids                              # the test file's order
+    assert set(sub["sentiment"]) <= {"negative", "positive"}
+    test_tsv = pd.read_csv(run_dir_of(cfg) / "predictions" / "test.tsv", sep="\t", dtype=str,
+                           keep_default_na=False)
+    assert test_tsv["prediction"].tolist() == sub["sentiment"].tolist()
+    # the best weights kept in memory (no checkpoints) predict the same submission
+    in_memory = dataclasses.replace(cfg, save_checkpoints=False, outputs_dir=str(tmp_path / "o2"))
+    fit(in_memory)
+    assert (run_dir_of(in_memory) / "submission.csv").read_text() == \
+        (run_dir_of(cfg) / "submission.csv").read_text()
+
+
+def test_test_file_problems_are_one_line(tmp_path):
+    train, test, _ = write_sentiment(tmp_path)
+    cfg = sentiment_cfg(tmp_path)
+    with pytest.raises(DataError, match="test.csv: no column 'id'"):
+        load_task_data(dataclasses.replace(cfg, csv_id_column="id"))
+    test.write_text("review,key\nfine,a\ngood,b\nbad,a\n")
+    with pytest.raises(DataError, match=r"test.csv: line 4: duplicate id 'a' in column 'key'"):
+        load_task_data(cfg)
+    with pytest.raises(DataError, match="csv_metric 'f1'.*3 classes: use f1_macro"):
+        train.write_text("id,review,sentiment\n" + "\n".join(
+            f"{i},text {i},{'abc'[i % 3]}" for i in range(30)) + "\n")
+        load_task_data(dataclasses.replace(cfg, csv_metric="f1"))
+
+
+@pytest.mark.parametrize("metric, pick", [("rmse", np.argmin), ("pearson", np.argmax),
+                                          ("spearman", np.argmax)])
+def test_csv_metric_selects_the_best_epoch_in_its_direction(tmp_path, metric, pick):
+    from kit.train import fit
+    cfg = RunConfig(**CSV, csv_metric=metric, model="tiny", epochs=3, lr=1e-3, batch_size=32,
+                    max_train_examples=80, save_checkpoints=False, outputs_dir=str(tmp_path))
+    m = fit(cfg)
+    values = [e["dev"][metric] for e in m["epochs"]]
+    assert m["best_epoch"] == m["epochs"][int(pick(values))]["epoch"]
+    assert m["best_dev"]["score"] == pytest.approx(-values[int(pick(values))] if metric == "rmse"
+                                                   else values[int(pick(values))])
+
+
+def make_submission_run(root: Path, fold: int, ids, preds, regression=True, status="ok") -> Path:
+    run = root / "runs" / f"csv-bert-s0-f{fold}"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({
+        "fold": fold, "n_folds": 3, "csv_id_column": "id", "csv_target": "y",
+        "csv_regression": regression}))
+    (run / "metrics.json").write_text(json.dumps({"status": status}))
+    pd.DataFrame({"id": ids, "y": preds}).to_csv(run / "submission.csv", index=False)
+    return run
+
+
+def test_fold_submissions_average_regression_and_vote_classification(tmp_path):
+    from kit.submission import average_fold_submissions
+    ids = ["7", "03", "x"]
+    runs = [make_submission_run(tmp_path / "r", f, ids, p) for f, p in
+            enumerate([[1.0, 2.0, 4.0], [2.0, 2.5, 0.0], [3.0, 0.5, 2.0]])]
+    out = average_fold_submissions(runs)
+    assert out["id"].tolist() == ids and out["y"].tolist() == [2.0, 5.0 / 3, 2.0]
+    assert out.attrs["folds"] == [0, 1, 2]
+    written = Path(out.attrs["path"])
+    assert written == tmp_path / "r" / "submissions" / "csv-bert-s0-f0-folds.csv"
+    assert pd.read_csv(written, dtype={"id": str})["id"].tolist() == ids
+    # a failed fold is left out
+    (runs[2] / "metrics.json").write_text(json.dumps({"status": "failed"}))
+    assert average_fold_submissions(runs)["y"].tolist() == [1.5, 2.25, 2.0]
+    # classification: the most common class, ties to the first class in sorted order
+    votes = [make_submission_run(tmp_path / "c", f, ids, p, regression=False) for f, p in
+             enumerate([["neg", "pos", "pos"], ["pos", "pos", "neg"], ["neg", "mid", "mid"]])]
+    assert average_fold_submissions(votes)["y"].tolist() == ["neg", "pos", "mid"]
+
+
+def test_fold_submissions_with_other_ids_are_refused(tmp_path):
+    from kit.submission import SubmissionError, average_fold_submissions
+    a = make_submission_run(tmp_path, 0, ["1", "2"], [1.0, 2.0])
+    b = make_submission_run(tmp_path, 1, ["2", "1"], [1.0, 2.0])
+    with pytest.raises(SubmissionError, match="f1/submission.csv: other ids"):
+        average_fold_submissions([a, b])
+    with pytest.raises(SubmissionError, match="no finished run"):
+        average_fold_submissions([tmp_path / "runs" / "nothing"])
+
+
+def test_k_fold_runs_with_a_test_file_average_into_one_submission(tmp_path):
+    """Two real fold runs of a tiny model on the STS-B fixture, then the CommonLit average."""
+    from kit.submission import average_fold_submissions
+    from kit.train import fit, run_dir_of
+    test = tmp_path / "test.csv"
+    pd.read_csv(PAIRS).drop(columns="score").iloc[:12].to_csv(test, index=False)
+    cfg = RunConfig(**CSV, csv_test_path=str(test), n_folds=2, model="tiny", epochs=1, lr=1e-3,
+                    max_train_examples=40, save_checkpoints=False, outputs_dir=str(tmp_path))
+    fits = [fit(dataclasses.replace(cfg, fold=f)) for f in range(2)]
+    assert all(m["status"] == "ok" for m in fits)
+    dirs = report.fold_run_dirs(cfg)
+    folds = [pd.read_csv(d / "submission.csv", dtype={"id": str}) for d in dirs]
+    out = average_fold_submissions(dirs)
+    assert out["id"].tolist() == pd.read_csv(test, dtype=str)["id"].tolist() == folds[0]["id"].tolist()
+    np.testing.assert_allclose(out["score"], (folds[0]["score"] + folds[1]["score"]) / 2)
+    assert Path(out.attrs["path"]).parent == tmp_path / "submissions"
+    assert run_dir_of(cfg) == dirs[0]
