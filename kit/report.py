@@ -492,6 +492,8 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
         raise ValueError("no finished (status ok) runs to tabulate: run the profile first "
                          "(./run_all.sh PROFILE) or check outputs_dir / profile")
     selected = select_runs(df, rule, candidate_keys=candidate_keys)
+    if "budget" in selected.columns:       # runs from before the budget knob trained "epochs"
+        selected = selected.assign(budget=selected["budget"].fillna("epochs"))
     if not set(ok["task"]) & set(PAPER_TASKS) or (paper == "auto" and not paper_profile(profile)):
         paper = None                    # no task of the paper's tables, or not a paper profile
     budgets = sorted(set(selected.get("budget", pd.Series(dtype=str)).dropna()) - {"epochs"})
@@ -533,6 +535,13 @@ def _with_index(table: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=not named)
 
 
+def _tex_text(text: str) -> str:
+    """Plain text (a caption) made safe for LaTeX: its special characters escaped."""
+    for char in "&%$#_{}":
+        text = text.replace(char, "\\" + char)
+    return text.replace("<", "$<$")
+
+
 def _slug(text: str) -> str:
     """A file-name and LaTeX-label friendly form of a table title."""
     return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
@@ -561,8 +570,8 @@ def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
     csvs = {(f"{name}-{_slug(title)}" if several else name): f.to_csv(index=False)
             for title, f in frames.items()}
     tex = "\n".join(f.to_latex(index=False, escape=True, na_rep="", float_format="{:.6g}".format,
-                               caption=" ".join(filter(None, [title + ".", captions[title]]))
-                               .replace("<", "$<$"),
+                               caption=_tex_text(" ".join(filter(None, [title + ".",
+                                                                         captions[title]]))),
                                label=f"tab:{_slug(name)}" + (f"-{_slug(title)}" if several else ""))
                     for title, f in frames.items()
                     ).replace("±", r"$\pm$").replace("†", r"$\dagger$")   # robust in any TeX

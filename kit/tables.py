@@ -118,13 +118,13 @@ def epoch_view(df: pd.DataFrame, epoch: str = "best") -> pd.DataFrame:
 
 
 def budget_view(df: pd.DataFrame, budget: str) -> pd.DataFrame:
-    """The runs of one training budget (config `budget`): each method's runs of that budget, or
-    its default-budget runs where it has none (BERT-r and union-merge SSA train the same steps
-    under both budgets, so the profiles run them once)."""
+    """The runs of one training budget (config `budget`): per model x task x method, its runs of
+    that budget, or its default-budget runs where it has none (BERT-r and union-merge SSA train
+    the same steps under both budgets, so the profiles run them once)."""
     if "budget" not in df.columns:
         return df
     own = df["budget"].fillna("epochs") == budget
-    has_own = df["method"].isin(set(df.loc[own, "method"]))
+    has_own = own.groupby([df["model"], df["task"], df["method"]], dropna=False).transform("any")
     return df[own | (~has_own & (df["budget"].fillna("epochs") == "epochs"))]
 
 

@@ -489,9 +489,17 @@ def test_budget_view_uses_a_methods_default_runs_where_it_has_none(tmp_path):
         make_run(tmp_path, f"b{seed}", seed=seed)
         make_run(tmp_path, f"m{seed}", method="bert-mask", seed=seed)
         make_run(tmp_path, f"e{seed}", method="bert-mask", seed=seed, budget="equal_steps")
+    make_run(tmp_path, "c0", task="CoLA", method="bert-mask", seed=0)    # no equal_steps run
     runs = load_runs(tmp_path)
-    assert sorted(budget_view(runs, "equal_steps")["run_id"]) == ["b0", "b1", "e0", "e1"]
-    assert sorted(budget_view(runs, "epochs")["run_id"]) == ["b0", "b1", "m0", "m1"]
+    assert sorted(budget_view(runs, "equal_steps")["run_id"]) == ["b0", "b1", "c0", "e0", "e1"]
+    assert sorted(budget_view(runs, "epochs")["run_id"]) == ["b0", "b1", "c0", "m0", "m1"]
+
+
+def test_tex_captions_are_escaped(tmp_path, grid):
+    write_tables({"Comparisons": comparisons(grid)}, "t", tmp_path)
+    tex = (tmp_path / "t.tex").read_text()
+    assert "p\\_holm: Holm-Bonferroni across these 4 comparisons" in tex
+    assert "\\label{tab:t-comparisons}" in tex
 
 
 def test_paper_profiles_get_the_papers_rows_by_default():
