@@ -45,16 +45,11 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _scalars(config: dict, prefix: str = "") -> dict:
+def _scalars(config: dict) -> dict:
     """config.json as flat scalar columns (nested keys joined with "."; lists are left out), so
     hyper-parameters such as lr, alpha, gamma can be grouped on."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_scalars(value, f"{prefix}{key}."))
-        elif value is None or isinstance(value, (str, int, float, bool)):
-            flat[prefix + key] = value
-    return flat
+    flat = pd.json_normalize(config).to_dict("records")[0]
+    return {k: v for k, v in flat.items() if v is None or isinstance(v, (str, int, float, bool))}
 
 
 def _run_rows(run_dir: Path) -> list[dict]:
