@@ -24,6 +24,7 @@ from pathlib import Path
 
 from kit import io as kio
 from kit import progress as kprogress
+from kit import tracking as ktracking
 from kit.config import ConfigError, RunConfig
 from kit.data import glue_source, load_task_data
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
@@ -77,10 +78,11 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
     """Check every point's data before any kernel starts; returns {run_id: why} for points to
     skip (their task is found nowhere and the profile says skip_missing_tasks). Raises one-line
     ConfigError / DataError for everything else: a task missing from a profile that needs it, a
-    glue_dir that does not exist, a malformed file (with its line)."""
+    glue_dir that does not exist, a malformed file (with its line), a tracker not installed."""
     absent, checked = {}, {}
     for point in points:
         cfg = RunConfig.from_dict(point)
+        ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
         for one in _single_task_configs(cfg):
             key = _data_key(one)
             if key not in checked:

@@ -123,10 +123,12 @@ class RunConfig:
     save_epoch_predictions: bool = False   # predictions/dev_epoch<N>.tsv every epoch (OOF per epoch)
     log_every: int = 10
     profile: str = ""
+    report_to: tuple[str, ...] = ("auto",)   # trackers: auto (TensorBoard if installed) | none |
+                                             # tensorboard, wandb, mlflow, trackio (kit.tracking)
 
     # fields that do not change what is computed; they stay out of the run id
     _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "save_labels", "profile",
-                     "log_every", "eval_batch_size", "save_epoch_predictions")
+                     "log_every", "eval_batch_size", "save_epoch_predictions", "report_to")
 
     def __post_init__(self):
         _check_types(self)
@@ -235,6 +237,7 @@ _CHOICES = {
 # csv_metric choices by task kind; rmse is lower-is-better (kit.metrics.task_score negates it)
 CSV_METRICS = {"regression": ("rmse", "pearson", "spearman"),
                "classification": ("accuracy", "f1", "f1_macro", "mcc")}
+CHOICES = _CHOICES                 # the fixed choices by field (kit.run --help lists them)
 _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),
     "gamma": (0, float("inf"), True, False), "lr": (0, float("inf"), False, False),
@@ -270,7 +273,13 @@ def _check_csv_extras(cfg: RunConfig) -> None:
         raise ConfigError("parameter 'csv_id_column' is empty; name the test CSV's id column")
 
 
+REPORT_TO = ("auto", "none", "tensorboard", "wandb", "mlflow", "trackio")
+
+
 def _check_values(cfg: RunConfig) -> None:
+    bad = [name for name in cfg.report_to if name not in REPORT_TO]
+    if bad:
+        raise ConfigError(f"parameter 'report_to': {bad[0]!r} is not one of {', '.join(REPORT_TO)}")
     for name, allowed in _CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"parameter {name!r}: {getattr(cfg, name)!r} is not one of "

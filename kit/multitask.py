@@ -36,6 +36,7 @@ import torch
 from kit import io as kio
 from kit import metrics as kmetrics
 from kit import progress as kprogress
+from kit import tracking as ktracking
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import collate, encode, length_grouped_batches, load_task_data, random_batches
 from kit.models import load_backbone, target_loss
@@ -148,7 +149,9 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     set_seed(cfg.seed)
-    accelerator = _accelerator(cfg)
+    accelerator = _accelerator(cfg, ktracking.trackers(ktracking.resolve(cfg.report_to),
+                                                       cfg.outputs_dir, cfg.profile, cfg.run_id))
+    accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
     if accelerator.num_processes > 1:
         raise NotImplementedError("multi-task runs are single-process (one GPU or CPU) for now")
     data = [load_task_data(_task_config(cfg, name)) for name in cfg.tasks]
@@ -238,8 +241,10 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                                 "wall_s": round(time.perf_counter() - started, 3),
                                 "loss": float(np.mean(values)),
                                 **{k: float(np.mean(v)) for k, v in per_task.items()}, "lr": lr})
+                accelerator.log(ktracking.step_scalars(history[-1]), step=progress.step)
                 running, running_tasks = [], []
-        walls["train"] += time.perf_counter() - t0
+        epoch_train_s = time.perf_counter() - t0
+        walls["train"] += epoch_train_s
 
         # evaluate every task on its full dev set(s); select on the mean task score
         t0 = time.perf_counter()
@@ -259,6 +264,8 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
             kprogress.note(f"epoch {epoch}/{cfg.epochs - 1}: mean dev score {score:.4f} ("
                            + ", ".join(f"{n} {m['score']:.4f}" for n, m in per_task.items())
                            + f"){' (best)' if improved else ''}")
+        accelerator.log(ktracking.epoch_scalars(
+            record, None, sum(len(rows) for _, rows in plan) / epoch_train_s), step=progress.step)
         if improved:
             progress.best = record
             for task in tasks:
@@ -287,6 +294,8 @@ def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
                 kio.write_text(run_dir / "predictions" / task.name / f"{split_name}.tsv",
                                "\n".join(rows) + "\n")
     walls["total"] = time.perf_counter() - started
+    for tracker in accelerator.trackers:   # not end_training(): that also ends the process group
+        tracker.finish()
     best = progress.best
     best_three = best["three_subset"]
     return {"epochs": epochs, "best_epoch": best["epoch"], "best_dev": flat_dev(best["dev"]),

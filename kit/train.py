@@ -24,6 +24,7 @@ import torch
 from kit import io as kio
 from kit import metrics as kmetrics
 from kit import progress as kprogress
+from kit import tracking as ktracking
 from kit.config import MULTITASK_METHODS, RunConfig
 from kit.data import (Examples, encode, length_grouped_batches, load_task_data, make_loader,
                       random_batches, sorted_batches)
@@ -121,7 +122,7 @@ def resolve_precision(requested: str, cuda: bool, cuda_bf16: bool, cpu_bf16: boo
     return "bf16" if cpu_bf16 else "no"
 
 
-def _accelerator(cfg: RunConfig):
+def _accelerator(cfg: RunConfig, log_with: list | None = None):
     """accelerate with autocast at the resolved precision: prepare() wraps the model's forward, so
     training, probing and evaluation all run in it; weights and optimizer state stay fp32, and
     the forward's outputs come back as fp32 (losses and predictions are fp32)."""
@@ -133,7 +134,8 @@ def _accelerator(cfg: RunConfig):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     _allow_precision_change(precision)
-    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum)
+    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum,
+                       log_with=log_with or None)
 
 
 def _allow_precision_change(precision: str) -> None:
@@ -168,7 +170,9 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
     set_seed(cfg.seed)
-    accelerator = _accelerator(cfg)
+    accelerator = _accelerator(cfg, ktracking.trackers(ktracking.resolve(cfg.report_to),
+                                                       cfg.outputs_dir, cfg.profile, cfg.run_id))
+    accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
     data = load_task_data(cfg)
     task = data.task
     backbone, tokenizer = load_backbone(cfg.model, eager_attention=cfg.guide_loss != "task")
@@ -242,8 +246,10 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
                     "wall_s": round(time.perf_counter() - started, 3),
                     **dict(zip(terms, window.mean(0).tolist())), "lr": lr})
                 steps.set_postfix(loss=f"{progress.history[-1]['loss']:.4f}", refresh=False)
+                accelerator.log(ktracking.step_scalars(progress.history[-1]), step=progress.step)
         steps.close()
-        walls["train"] += time.perf_counter() - t0
+        epoch_train_s = time.perf_counter() - t0
+        walls["train"] += epoch_train_s
 
         # (3) evaluate on the full dev set(s); checkpoint best, then last with the loop state
         t0 = time.perf_counter()
@@ -260,6 +266,8 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
         if accelerator.is_local_main_process:
             kprogress.note(f"epoch {epoch}/{cfg.epochs - 1}: dev {_brief(dev_metrics)}, train loss "
                            f"{record['train_loss']:.4f}{' (best)' if improved else ''}")
+        accelerator.log(ktracking.epoch_scalars(record, stats, len(epoch_set) / epoch_train_s),
+                        step=progress.step)
         unwrapped = accelerator.unwrap_model(model)
         if improved:
             progress.best = record
@@ -284,6 +292,8 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
                                      [_label_text(task, p) for p in preds], cfg.csv_id_column,
                                      cfg.csv_target)
     walls["total"] = time.perf_counter() - started
+    for tracker in accelerator.trackers:   # not end_training(): that also ends the process group
+        tracker.finish()
     best = progress.best
     return {"epochs": progress.epochs, "best_epoch": best["epoch"], "best_dev": best["dev"],
             "best_three_subset": best["three_subset"], "last_dev": progress.epochs[-1]["dev"],
