@@ -42,6 +42,10 @@ case "${1:-demo}" in
     shift || true
     exec "$PY" -m pytest "$@"
     ;;
+  run)
+    shift
+    exec "$PY" -m kit.run "$@"
+    ;;
   *)
     profile="${1:-demo}"
     [ $# -gt 0 ] && shift

@@ -1,0 +1,185 @@
+"""One run from the command line, through the same notebook and outputs as a profile's point.
+
+    python -m kit.run task=RTE method=ssa-h seed=0 lr=1e-4
+    python -m kit.run --task RTE --method ssa-h --tasks RTE,CoLA ...
+    ./run_all.sh run task=RTE method=ssa-h
+
+Any RunConfig field, as `name=value`, `--name value` or `--name=value` (dashes or underscores).
+Values are YAML scalars (1e-4, true, 3) for number and yes/no fields, verbatim text for text
+fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (`tasks=RTE,CoLA`,
+`tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
+line on error, exit 2), then run by kit.batch.execute: a finished run is skipped, a failed one
+is recorded in its metrics.json (exit 1). `--notebook NAME` picks another notebook in
+notebooks/ (default: finetune; multitask for embert/gated; kaggle_csv for a k-fold CSV run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import typing
+from pathlib import Path
+
+import yaml
+
+from kit import batch
+from kit import progress as kprogress
+from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig
+from kit.profiles import REPO, Profile, _Loader
+from kit.readers import DataError
+from kit.train import run_dir_of
+
+USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
+OPTIONS = ("notebook",)            # options of this command, not RunConfig fields
+
+
+def parse_args(argv: list[str]) -> tuple[dict, dict]:
+    """`name=value` / `--name value` / `--name=value` tokens -> (RunConfig params, options).
+    A `--flag` followed by another option or nothing is `true`."""
+    raw, i = {}, 0
+    while i < len(argv):
+        token = argv[i]
+        if token.startswith("--"):
+            name, eq, value = token[2:].partition("=")
+            if not eq:
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                if nxt is None or nxt.startswith("--") or ("=" in nxt and _is_name(nxt)):
+                    value = "true"
+                else:
+                    value, i = nxt, i + 1
+        elif "=" in token:
+            name, _, value = token.partition("=")
+        else:
+            raise ConfigError(f"argument {token!r}: expected name=value or --name value "
+                              f"(usage: {USAGE})")
+        name = name.replace("-", "_")
+        if name in raw:
+            raise ConfigError(f"parameter {name!r} is given twice")
+        raw[name] = value
+        i += 1
+    options = {k: raw.pop(k) for k in OPTIONS if k in raw}
+    return {name: parse_value(name, text) for name, text in raw.items()}, options
+
+
+def _is_name(token: str) -> bool:
+    return re.fullmatch(r"[A-Za-z_][\w-]*", token.partition("=")[0]) is not None
+
+
+def parse_value(name: str, text: str):
+    """A command-line value in the type of field `name` (unknown names: the text, for
+    RunConfig's did-you-mean): text fields verbatim, lists split on commas or read as YAML,
+    everything else a YAML scalar (1e-4 is a float)."""
+    hint = _hints().get(name)
+    if hint is None or hint is str:
+        return text
+    if hint == tuple[str, ...]:
+        if text.lstrip().startswith("["):
+            return _yaml(name, text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return _yaml(name, text)
+
+
+def _yaml(name: str, text: str):
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"parameter {name!r}: {text!r} is not a YAML value "
+                          f"({str(err).splitlines()[0]})") from None
+
+
+def _hints() -> dict:
+    return typing.get_type_hints(RunConfig)
+
+
+def notebook_for(cfg: RunConfig, name: str | None) -> Path:
+    """The notebook a profile would use for this point (see the module docstring)."""
+    if not name:
+        name = ("multitask" if cfg.method in MULTITASK_METHODS
+                else "kaggle_csv" if cfg.task == "csv" and cfg.n_folds else "finetune")
+    path = REPO / "notebooks" / f"{Path(name).stem}.ipynb"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb")))
+        raise ConfigError(f"--notebook {name!r}: not in notebooks/ ({known})")
+    return path
+
+
+def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunConfig]:
+    """Validate, check the data, run one point; returns (status, detail, config)."""
+    params = {"outputs_dir": os.environ.get("SSA_KIT_OUTPUTS", "outputs"), **params}
+    params["outputs_dir"] = str(Path(params["outputs_dir"]).resolve())  # the kernel runs in REPO
+    cfg = RunConfig.from_dict(params)
+    profile = Profile(name=cfg.profile or "run", path=Path("command line"),
+                      notebook=notebook_for(cfg, notebook), points=[params],
+                      skip_missing_tasks=False)
+    batch.preflight(profile, [params])
+    # papermill's "Passed unknown parameter" for fields a notebook does not list (every field
+    # was validated above), and the kernel's progress as plain lines, as a batch does
+    logging.getLogger("papermill").setLevel(logging.ERROR)
+    os.environ[kprogress.ENV] = os.environ.get(kprogress.ENV) or "lines"
+    status, detail = batch.execute(profile, params)
+    return status, detail, cfg
+
+
+def summary(status: str, detail: str, cfg: RunConfig) -> str:
+    """What the terminal shows at the end: status, run folder and best dev metrics."""
+    run_dir = run_dir_of(cfg)
+    lines = [f"{cfg.run_id}: {status}" + (f" ({detail})" if detail else ""), f"  {run_dir}"]
+    metrics_path = run_dir / "metrics.json"
+    if status in ("ok", "skipped") and metrics_path.exists():
+        metrics = json.loads(metrics_path.read_text())
+        best = {k: round(v, 4) for k, v in (metrics.get("best_dev") or {}).items()
+                if isinstance(v, (int, float))}
+        lines.append(f"  best epoch {metrics.get('best_epoch')}: {best}")
+    return "\n".join(lines)
+
+
+def help_text() -> str:
+    """Usage and every RunConfig field with its default, choices and comment, from config.py."""
+    comments = _field_comments()
+    rows = []
+    for f in dataclasses.fields(RunConfig):
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        extra = f"  one of: {', '.join(CHOICES[f.name])}" if f.name in CHOICES else ""
+        note = f"  # {comments[f.name]}" if comments.get(f.name) else ""
+        rows.append(f"  {f.name} = {json.dumps(default)}{extra}{note}")
+    doc = __doc__.strip().splitlines()
+    return "\n".join([f"usage: {USAGE}", "", *doc, "", "fields (name = default):", *rows])
+
+
+def _field_comments() -> dict[str, str]:
+    """The trailing comment of each field in RunConfig's source (with its continuation lines)."""
+    comments, last = {}, None
+    for line in inspect.getsource(RunConfig).splitlines():
+        field = re.match(r"\s+(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line)
+        more = re.match(r"\s+#\s*(.*)$", line)
+        if field:
+            last = field[1]
+            comments[last] = (field[2] or "").strip()
+        elif more and last and comments.get(last):
+            comments[last] += " " + more[1].strip()
+        else:
+            last = None if not line.strip() else last
+    return comments
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(help_text())
+        return 0
+    try:
+        params, options = parse_args(argv)
+        status, detail, cfg = run_point(params, options.get("notebook"))
+    except (ConfigError, DataError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary(status, detail, cfg), flush=True)
+    return 1 if status == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""kit.run: one point from the command line, through the batch's notebook and outputs contract."""
+import dataclasses
+import json
+
+import pytest
+
+from kit import run as krun
+from kit.config import CHOICES, ConfigError, RunConfig
+from kit.train import run_dir_of
+
+
+def test_values_take_the_type_of_their_field():
+    params, options = krun.parse_args([
+        "task=rte", "--method", "ssa-h", "--seed=2", "lr=1e-4", "epochs=3", "alpha=1",
+        "mixed_precision=no", "tasks=RTE, CoLA", "--csv-text-columns", "[a, b]",
+        "predict_test=true", "--share_weight", "false", "--save-labels", "--notebook", "finetune"])
+    assert params == {"task": "rte", "method": "ssa-h", "seed": 2, "lr": 1e-4, "epochs": 3,
+                      "alpha": 1, "mixed_precision": "no", "tasks": ["RTE", "CoLA"],
+                      "csv_text_columns": ["a", "b"], "predict_test": True,
+                      "share_weight": False, "save_labels": True}
+    assert options == {"notebook": "finetune"}
+    assert type(params["lr"]) is float                     # YAML 1.1 alone reads 1e-4 as text
+
+
+def test_a_flag_before_a_name_value_is_true():
+    params, _ = krun.parse_args(["--predict_test", "task=RTE", "--save_labels"])
+    assert params == {"predict_test": True, "task": "RTE", "save_labels": True}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["RTE"], "argument 'RTE': expected name=value"),
+    (["seed=1", "--seed", "2"], "'seed' is given twice"),
+    (["lr=[1"], "parameter 'lr': '[1' is not a YAML value")])
+def test_bad_arguments_are_one_line(argv, needle):
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[")) as info:
+        krun.parse_args(argv)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_names_reach_configs_did_you_mean(capsys):
+    assert krun.main(["learning_rate=1e-4"]) == 2
+    assert capsys.readouterr().err.strip() == \
+        "error: unknown parameter 'learning_rate' (did you mean 'lr'?)"
+
+
+def test_help_lists_every_field_with_default_and_choices(capsys):
+    assert krun.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(RunConfig):
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        assert f"  {f.name} = {json.dumps(default)}" in text, f.name
+    for name, choices in CHOICES.items():
+        assert f"{name} = " in text and f"one of: {', '.join(choices)}" in text
+    assert "# masked variants per kept sentence per epoch" in text     # gamma's comment
+
+
+def test_notebook_follows_the_method_and_folds():
+    assert krun.notebook_for(RunConfig(), None).name == "finetune.ipynb"
+    mix = RunConfig(task="multitask", method="gated", tasks=("RTE", "CoLA"))
+    assert krun.notebook_for(mix, None).name == "multitask.ipynb"
+    folds = RunConfig(task="csv", csv_path="x.csv", csv_text_columns=("t",), csv_target="y",
+                      n_folds=5)
+    assert krun.notebook_for(folds, None).name == "kaggle_csv.ipynb"
+    with pytest.raises(ConfigError, match="--notebook 'nope': not in notebooks/"):
+        krun.notebook_for(RunConfig(), "nope")
+
+
+def test_one_point_runs_through_the_notebook_then_is_skipped(tmp_path, capsys):
+    """The papermill path a user takes: metrics, the executed notebook and the run id of the
+    same point in a profile; the second time it is skipped."""
+    argv = ["task=synthetic", "method=bert", "model=tiny", "synthetic_size=64", "epochs=1",
+            "batch_size=16", "lr=1e-3", f"outputs_dir={tmp_path}"]
+    assert krun.main(argv) == 0
+    cfg = RunConfig(task="synthetic", method="bert", model="tiny", synthetic_size=64, epochs=1,
+                    batch_size=16, lr=1e-3, outputs_dir=str(tmp_path))
+    run = run_dir_of(cfg)
+    assert json.loads((run / "metrics.json").read_text())["status"] == "ok"
+    assert (run / "notebook.ipynb").exists()
+    first = capsys.readouterr().out
+    assert f"{cfg.run_id}: ok" in first and "best epoch 0" in first
+    assert krun.main(argv) == 0
+    assert f"{cfg.run_id}: skipped (finished earlier)" in capsys.readouterr().out
+
+
+def test_missing_data_is_reported_before_any_kernel(tmp_path, capsys):
+    argv = ["task=csv", f"csv_path={tmp_path / 'none.csv'}", "csv_text_columns=text",
+            "csv_target=y", f"outputs_dir={tmp_path}"]
+    assert krun.main(argv) == 2
+    assert "none.csv: file not found" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
