@@ -37,6 +37,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", default="auto", choices=("auto", "no", "bf16", "fp16"),
+                   help="the kit's mixed_precision for contenders without an @precision suffix")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads in every child; 0 = torch's default")
     p.add_argument("--json", metavar="OUT", help="also write the results here")
@@ -80,7 +82,7 @@ def build_random_model(name: str) -> str:
 
 
 SHARED = ("task", "model", "max_train", "epochs", "batch_size", "max_length", "lr", "seed",
-          "threads")
+          "precision", "threads")
 
 
 def child_argv(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> list[str]:
@@ -198,16 +200,18 @@ def kit_config(args: argparse.Namespace, outputs_dir: str, **overrides):
                      save_checkpoints=False, **overrides)
 
 
-def matmul_peak(size: int = 2048, seconds: float = 3.0) -> dict:
-    """Measured matrix-multiply peak of this process (its torch threads): fp32 on a CPU, bf16
-    (else fp16) on a GPU - the precision the kit trains in there. The ceiling that useful
-    FLOP/s is set against, taken in the same run as the contenders."""
+def matmul_peak(size: int = 2048, seconds: float = 3.0, dtype: str | None = None) -> dict:
+    """Measured matrix-multiply peak of this process (its torch threads) in `dtype` ("float32",
+    "bfloat16", "float16"); by default the precision the kit trains in with `auto` on a GPU
+    (bf16, else fp16), fp32 on a CPU. The ceiling that useful FLOP/s is set against, taken in
+    the same run as the contenders."""
     import torch
     cuda = torch.cuda.is_available()
-    dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda \
-        else torch.float32
+    if dtype is None:
+        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if cuda \
+            else "float32"
     device = "cuda" if cuda else "cpu"
-    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    a, b = (torch.randn(size, size, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
     out = torch.empty_like(a)
 
     def timed(n):
@@ -222,8 +226,25 @@ def matmul_peak(size: int = 2048, seconds: float = 3.0) -> dict:
 
     timed(2)                                                     # warm-up
     n = max(3, int(seconds / max(timed(3) / 3, 1e-6)))
-    return {"flops_per_s": 2 * size ** 3 * n / timed(n), "dtype": str(dtype).split(".")[1],
-            "size": size}
+    return {"flops_per_s": 2 * size ** 3 * n / timed(n), "dtype": dtype, "size": size}
+
+
+PEAK_DTYPES = ("float32", "bfloat16")
+
+
+def peaks(seconds: float = 2.0) -> dict[str, float]:
+    """fp32 and bf16 matmul peaks (FLOP/s) of this process, measured now: the two ceilings a
+    contender is set against. Taken right before and right after every contender, because a
+    shared machine's speed drifts between minutes (one measurement before all contenders once
+    gave 127-147% "of peak")."""
+    return {d: matmul_peak(seconds=seconds, dtype=d)["flops_per_s"] for d in PEAK_DTYPES}
+
+
+def around(before: dict[str, float], after: dict[str, float]) -> dict:
+    """A contender's ceilings: the mean of the peaks measured right before and after it, and
+    their drift (after / before) as a check on how steady the machine was meanwhile."""
+    return {d: {"before": before[d], "after": after[d], "mean": (before[d] + after[d]) / 2,
+                "drift": round(after[d] / before[d], 3)} for d in before}
 
 
 def training_flops(model_dir: str, lengths, epochs: int) -> float:

@@ -28,12 +28,17 @@ def main() -> None:
     parser.add_argument("--gammas", default="0.6,1.0,2.0",
                         help="masked variants per sentence, for bert-mask and ssa-h")
     parser.add_argument("--methods", default="bert,bert-mask,ssa-h")
+    parser.add_argument("--precisions", default="",
+                        help="comma-separated mixed_precision values (e.g. bf16,no): every run "
+                             "once per precision, alternated; empty = --precision only")
     args = common.parse(parser, QUICK)
     common.check_environment()
     if args.child:
         common.setup_child(args)
-        method, _, gamma = args.child.partition("@")
-        common.write_result(args.result, run_kit(args, method, float(gamma or 1.0)))
+        name, _, precision = args.child.partition(":")
+        method, _, gamma = name.partition("@")
+        common.write_result(args.result, run_kit(args, method, float(gamma or 1.0),
+                                                 precision or args.precision))
         return
 
     from kit.config import RunConfig
@@ -44,32 +49,38 @@ def main() -> None:
     meta = common.print_header("SSA cost")
     runs = {}
     for name in run_names(args):
-        runs[name] = common.run_child(__file__, common.child_argv(args, ("gammas", "methods")),
-                                      name)
+        runs[name] = common.run_child(
+            __file__, common.child_argv(args, ("gammas", "methods", "precisions")), name)
     rows = summarize(args, runs)
     common.dump_json(args.json, {**meta, "settings": vars(args), "runs": runs, "summary": rows})
 
 
 def run_names(args) -> list[str]:
-    """bert once (gamma does not touch it); the others once per gamma, as method@gamma."""
+    """bert once (gamma does not touch it); the others once per gamma, as method@gamma; with
+    --precisions each of them once per precision, as name:precision, precisions alternated
+    within a run so a drifting load hits both alike."""
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     gammas = [g.strip() for g in args.gammas.split(",") if g.strip()]
-    return [m if m == "bert" else f"{m}@{g}" for m in methods for g in (
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    names = [m if m == "bert" else f"{m}@{g}" for m in methods for g in (
         [None] if m == "bert" else gammas)]
+    return [f"{n}:{p}" for n in names for p in precisions] if precisions else names
 
 
-def run_kit(args, method: str, gamma: float) -> dict:
+def run_kit(args, method: str, gamma: float, precision: str) -> dict:
     from kit.metrics import reported_metrics
     from kit.tasks import get_task
     from kit.train import fit
     with tempfile.TemporaryDirectory() as out:
-        cfg = common.kit_config(args, out, method=method, gamma=gamma)
+        cfg = common.kit_config(args, out, method=method, gamma=gamma,
+                                mixed_precision=precision)
         m = fit(cfg)
     metric = reported_metrics(get_task(args.task))[0]
     return {"method": method, "gamma": gamma, "label_merge": cfg.label_merge,
             "wall_s": m["wall_s"], "train_examples": m["train_examples"],
             "train_examples_per_s": m["train_examples_per_s"], "ssa_labels": m["ssa_labels"],
-            "metric": metric, "dev_metric": m["last_dev"][metric], "device": m["device"]}
+            "metric": metric, "dev_metric": m["last_dev"][metric], "device": m["device"],
+            "precision": m["mixed_precision"]}
 
 
 def probing(run: dict, epochs: int) -> dict:
@@ -91,9 +102,9 @@ def probing(run: dict, epochs: int) -> dict:
 
 
 def summarize(args, runs: dict) -> list[dict]:
-    base = runs.get("bert")
     rows, table = [], []
     for name, r in runs.items():
+        base = runs.get("bert" + name[len(name.partition(":")[0]):])   # bert, same precision
         w, p = r["wall_s"], probing(r, args.epochs)
         row = {"run": name, **w, "train_examples": r["train_examples"],
                "train_examples_per_s": r["train_examples_per_s"], **p,
@@ -118,7 +129,32 @@ def summarize(args, runs: dict) -> list[dict]:
          f"dev {metric}"], table))
     print("\nprobe fwds: sentences probed + masked variants predicted (one forward pass each, "
           "no gradients); probe share: probing / (probing + training) of an epoch that probes")
+    lines = precision_ratios(rows)
+    if lines:
+        print("\nratios between precisions of the same run (speed above 1: the first is "
+              "faster):\n" + "\n".join(lines))
     return rows
+
+
+def precision_ratios(rows: list[dict]) -> list[str]:
+    """For runs measured in several precisions (name:precision): the first precision's training
+    and probing speed and full-run time against each other's."""
+    by_name: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        name, _, precision = row["run"].partition(":")
+        if precision:
+            by_name.setdefault(name, {})[precision] = row
+    lines = []
+    for name, got in by_name.items():
+        first, *others = list(got)
+        for other in others:
+            a, b = got[first], got[other]
+            lines.append(
+                f"- {name}: {first} / {other}: train ex/s x"
+                f"{common.ratio(a['train_examples_per_s'], b['train_examples_per_s'])}, probe "
+                f"fwd/s x{common.ratio(a.get('probe_forwards_per_s'), b.get('probe_forwards_per_s'))}"
+                f", total time x{common.ratio(a['total'], b['total'])}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ RSS of the contender's process, the final dev metric on the full dev set, and th
 
     python bench/trainer_vs_kit.py --task RTE --json outputs/bench/trainer_vs_kit_rte.json
     python bench/trainer_vs_kit.py --quick
+
+A contender may carry its precision: kit@bf16, kit@no, trainer-grouped@bf16 (Trainer's
+bf16=True, autocast on a CPU too), trainer@no. fp32 and bf16 matmul peaks are measured right
+before and after every contender; --rounds alternates the contenders' order.
 """
 from __future__ import annotations
 
@@ -35,20 +39,27 @@ QUICK = {"task": "RTE", "max_train": 128, "epochs": 1}   # ~2.5 min for 4 conten
 def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--contenders", default=",".join(CONTENDERS),
-                        help=f"comma-separated subset of {', '.join(CONTENDERS)}")
+                        help=f"comma-separated subset of {', '.join(CONTENDERS)}, each optionally "
+                             "@no / @bf16 / @fp16 (its precision: kit@bf16, trainer-grouped@bf16)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the contenders this many times, alternating their order "
+                             "(A B C, C B A, ...) so a drifting machine load hits all alike")
     args = common.parse(parser, QUICK)
     common.check_environment()
     if args.child:
         common.setup_child(args)
-        run = {"kit": lambda: run_kit(args, grouped=True),
-               "kit-random": lambda: run_kit(args, grouped=False),
-               "trainer": lambda: run_trainer(args, grouped=False),
-               "trainer-grouped": lambda: run_trainer(args, grouped=True)}[args.child]
+        base, precision = split_contender(args.child)
+        run = {"kit": lambda: run_kit(args, True, precision or args.precision),
+               "kit-random": lambda: run_kit(args, False, precision or args.precision),
+               "trainer": lambda: run_trainer(args, grouped=False, precision=precision),
+               "trainer-grouped": lambda: run_trainer(args, grouped=True, precision=precision)
+               }[base]
         common.write_result(args.result, run())
         return
 
     names = [n.strip() for n in args.contenders.split(",") if n.strip()]
-    unknown = set(names) - set(CONTENDERS)
+    unknown = {n for n in names if split_contender(n)[0] not in CONTENDERS
+               or split_contender(n)[1] not in (None, *PRECISIONS)}
     if unknown or args.model == "tiny":
         raise SystemExit(f"unknown contender(s) {sorted(unknown)}" if unknown else
                          "--model tiny is kit-only; give a Hugging Face folder (or minilm)")
@@ -56,32 +67,44 @@ def main() -> None:
     from kit.models import model_path
     padding, lengths = padding_shares(args)
     useful_flops = common.training_flops(model_path(args.model), lengths, args.epochs)
-    common.setup_child(args)                 # the peak with the contenders' thread count
-    peak = common.matmul_peak()
-    print(f"matmul peak: {peak['flops_per_s'] / 1e9:,.1f} GFLOP/s ({peak['dtype']}, "
-          f"{peak['size']}x{peak['size']}); useful training FLOPs: {useful_flops:.3e}",
-          flush=True)
-    results = {}
-    for name in names:
-        results[name] = common.run_child(__file__, common.child_argv(args), name)
-        results[name]["real_token_share"] = padding[BATCHING[name]]
-        results[name]["useful_flops_per_s"] = useful_flops / results[name]["train_s"]
-        results[name]["share_of_matmul_peak"] = round(
-            results[name]["useful_flops_per_s"] / peak["flops_per_s"], 4)
-    report(args, results, padding, peak)
+    common.setup_child(args)                 # the peaks with the contenders' thread count
+    print(f"useful training FLOPs: {useful_flops:.3e}", flush=True)
+    results, before = [], common.peaks()
+    for round_ in range(args.rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            r = common.run_child(__file__, common.child_argv(args), name)
+            after = common.peaks()
+            r.update(contender=name, round=round_, peaks=common.around(before, after),
+                     real_token_share=padding[BATCHING[split_contender(name)[0]]],
+                     useful_flops_per_s=useful_flops / r["train_s"])
+            r["share_of_peak"] = {d: round(r["useful_flops_per_s"] / v["mean"], 4)
+                                  for d, v in r["peaks"].items()}
+            results.append(r)
+            before = after                   # this contender's "after" is the next one's "before"
+    report(args, results, padding)
     common.dump_json(args.json, {**meta, "settings": vars(args), "padding": padding,
-                                 "matmul_peak": peak, "useful_training_flops": useful_flops,
-                                 "results": results})
+                                 "useful_training_flops": useful_flops, "results": results})
+
+
+PRECISIONS = ("auto", "no", "bf16", "fp16")
+
+
+def split_contender(spec: str) -> tuple[str, str | None]:
+    """"kit@bf16" -> ("kit", "bf16"); "trainer" -> ("trainer", None): the contender's default
+    precision (the kit: --precision; Trainer: fp32, or the kit's GPU precision on a GPU)."""
+    base, _, precision = spec.partition("@")
+    return base, precision or None
 
 
 # ----------------------------------------------------------------------------- contenders
 
-def run_kit(args, grouped: bool) -> dict:
+def run_kit(args, grouped: bool, precision: str) -> dict:
     from kit.metrics import reported_metrics
     from kit.tasks import get_task
     from kit.train import fit
     with tempfile.TemporaryDirectory() as out:
-        m = fit(common.kit_config(args, out, method="bert", group_by_length=grouped))
+        m = fit(common.kit_config(args, out, method="bert", group_by_length=grouped,
+                                  mixed_precision=precision))
     metric = reported_metrics(get_task(args.task))[0]
     return {"train_s": m["wall_s"]["train"], "train_examples": m["train_examples"],
             # the kit evaluates after every epoch; report the cost of one evaluation
@@ -90,7 +113,7 @@ def run_kit(args, grouped: bool) -> dict:
             "precision": m["mixed_precision"]}
 
 
-def run_trainer(args, grouped: bool) -> dict:
+def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
     import numpy as np
     import torch
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
@@ -117,8 +140,10 @@ def run_trainer(args, grouped: bool) -> dict:
         path, num_labels=task.num_labels, attn_implementation="sdpa")   # the kit's attention too
     cuda = torch.cuda.is_available()
     # Trainer's default is fp32 everywhere; the kit's "auto" uses bf16 (fp16) + tf32 on a GPU.
-    # Match the kit so a GPU comparison is not a precision comparison.
-    bf16 = cuda and torch.cuda.is_bf16_supported()
+    # Without a precision given, match the kit on a GPU so a GPU comparison is not a precision
+    # comparison; on a CPU keep Trainer's default. Given: bf16=True is autocast on a CPU too.
+    bf16 = (cuda and torch.cuda.is_bf16_supported()) if precision is None else precision == "bf16"
+    fp16 = (cuda and not bf16) if precision is None else precision == "fp16"
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
             output_dir=out, per_device_train_batch_size=args.batch_size,
@@ -129,7 +154,7 @@ def run_trainer(args, grouped: bool) -> dict:
             train_sampling_strategy="group_by_length" if grouped else "random",
             save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
             disable_tqdm=True, use_cpu=not cuda, dataloader_num_workers=0,
-            bf16=bf16, fp16=cuda and not bf16, tf32=True if cuda else None)
+            bf16=bf16, fp16=fp16, tf32=True if cuda else None)
         trainer = Trainer(model=model, args=targs, train_dataset=train,
                           data_collator=DataCollatorWithPadding(tokenizer),
                           processing_class=tokenizer)
@@ -148,7 +173,7 @@ def run_trainer(args, grouped: bool) -> dict:
             "eval_s": round(eval_s, 3), "metric": metric,
             "dev_metric": evaluate_splits(task, results)[metric],
             "device": str(trainer.args.device), "precision": "bf16" if bf16 else
-            "fp16" if cuda else "no", "optimizer": str(targs.optim)}
+            "fp16" if fp16 else "no", "optimizer": str(targs.optim)}
 
 
 # ----------------------------------------------------------------------------- padding
@@ -196,41 +221,48 @@ def padding_shares(args) -> tuple:
 
 # ----------------------------------------------------------------------------- report
 
-def report(args, results: dict, padding: dict, peak: dict) -> None:
+def report(args, results: list[dict], padding: dict) -> None:
     rows = []
-    for name, r in results.items():
+    for r in results:
         r["examples_per_s"] = round(r["train_examples"] / r["train_s"], 2)
         r["epoch_s"] = round(r["train_s"] / args.epochs, 3)
-        rows.append([name, r["examples_per_s"], r["epoch_s"], r["eval_s"],
-                     common.memory_mb(r), f"{r['real_token_share']:.1%}",
-                     r["useful_flops_per_s"] / 1e9, f"{r['share_of_matmul_peak']:.1%}",
+        p = r["peaks"]
+        rows.append([r["contender"], r["round"], r["precision"], r["examples_per_s"], r["epoch_s"],
+                     r["eval_s"], common.memory_mb(r), f"{r['real_token_share']:.1%}",
+                     r["useful_flops_per_s"] / 1e9,
+                     *(f"{p[d]['mean'] / 1e9:,.0f} ({p[d]['drift']:.2f})" for d in p),
+                     *(f"{r['share_of_peak'][d]:.1%}" for d in p),
                      r["dev_metric"], r["process_wall_s"]])
-    memory = "peak GPU MB" if any("peak_gpu_mb" in r for r in results.values()) else "peak RSS MB"
-    metric = next(iter(results.values()))["metric"]
+    memory = "peak GPU MB" if any("peak_gpu_mb" in r for r in results) else "peak RSS MB"
+    dtypes = list(results[0]["peaks"])
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
     print(f"\n{args.task}: {padding['train_rows']} train rows (mean {padding['mean_length']} "
           f"tokens), {args.epochs} epoch(s), batch {args.batch_size}, max length "
           f"{args.max_length}, lr {args.lr}, seed {args.seed}, model {args.model}\n")
     print(common.markdown_table(
-        ["contender", "train ex/s", "s/epoch", "eval s", memory, "real-token share",
-         "useful GFLOP/s", f"of {peak['dtype']} matmul peak", f"dev {metric}", "process s"],
+        ["contender", "round", "precision", "train ex/s", "s/epoch", "eval s", memory,
+         "real-token share", "useful GFLOP/s",
+         *(f"{short[d]} peak GFLOP/s (after/before)" for d in dtypes),
+         *(f"of {short[d]} peak" for d in dtypes), f"dev {results[0]['metric']}", "process s"],
         rows))
-    print(f"\nuseful GFLOP/s: model FLOPs on real (non-padding) tokens per second of training; "
-          f"matmul peak {peak['flops_per_s'] / 1e9:,.1f} GFLOP/s measured in this run")
+    print("\nuseful GFLOP/s: model FLOPs on real (non-padding) tokens per second of training; "
+          "each contender's peaks: the mean of the matmul peaks measured right before and right "
+          "after it (in brackets: after / before, the drift while it ran)")
     print("\nreal-token share per batching: " + ", ".join(
         f"{k} {v:.1%}" for k, v in padding.items() if k not in ("mean_length", "train_rows")))
-    pairs = [("kit", "trainer"), ("kit", "trainer-grouped"), ("kit-random", "trainer")]
     lines = []
-    for a, b in pairs:
-        if a in results and b in results:
-            ra, rb = results[a], results[b]
-            speed = common.ratio(ra["examples_per_s"], rb["examples_per_s"])
-            epoch = common.ratio(ra["epoch_s"], rb["epoch_s"])
-            memory = common.ratio(common.memory_mb(ra), common.memory_mb(rb))
-            lines.append(f"- {a} / {b}: throughput x{speed}, epoch time x{epoch}, "
-                         f"peak memory x{memory}")
+    first = results[0]["contender"]
+    for round_ in sorted({r["round"] for r in results}):
+        got = {r["contender"]: r for r in results if r["round"] == round_}
+        for name, other in got.items():
+            if name != first and first in got:
+                lines.append(f"- round {round_}: {first} / {name}: throughput x"
+                             f"{common.ratio(got[first]['examples_per_s'], other['examples_per_s'])}"
+                             f", peak memory x"
+                             f"{common.ratio(common.memory_mb(got[first]), common.memory_mb(other))}")
     if lines:
-        print("\nratios first / second (throughput above 1: the first is faster; epoch time and "
-              "memory above 1: the first is slower / bigger):\n" + "\n".join(lines))
+        print(f"\nratios {first} / each other contender of the same round (throughput above 1: "
+              f"{first} is faster):\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -87,9 +87,12 @@ def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
 
 def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path):
     """Issue 3's bar: on the synthetic task the share of label 1 on true cue tokens is at least
-    3x the share on distractors (paper rule, default knobs, the real pretrained model)."""
+    3x the share on distractors (paper rule, default knobs, the real pretrained model). The bar
+    was set in fp32 on this seed: bf16 autocast gives 2.99x here, 3.54x / 3.20x on seeds 1-2,
+    as fp32 does (docs/benchmarks.md, "bf16 parity"), so the test pins fp32."""
     cfg = RunConfig(task="synthetic", model="minilm", method="ssa-co", synthetic_size=600,
-                    epochs=2, lr=1e-4, save_checkpoints=False, outputs_dir=str(tmp_path))
+                    epochs=2, lr=1e-4, save_checkpoints=False, outputs_dir=str(tmp_path),
+                    mixed_precision="no")
     stats = fit(cfg)["ssa_labels"][0]
     assert stats["kept"] > 500
     assert stats["cue_share_label1"] >= 3 * stats["distractor_share_label1"]
