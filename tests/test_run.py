@@ -88,3 +88,57 @@ def test_missing_data_is_reported_before_any_kernel(tmp_path, capsys):
     assert krun.main(argv) == 2
     assert "none.csv: file not found" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- the finetune notebook
+
+FINETUNE = krun.REPO / "notebooks" / "finetune.ipynb"
+SMOKE = {"model", "method", "lr", "synthetic_size"}   # the notebook's own defaults
+
+
+def notebook_parameters(path) -> dict:
+    """The parameters cell's assignments, as papermill would see them (plain literals)."""
+    import ast
+
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    tree = ast.parse(tagged[0].source)
+    assert all(isinstance(node, ast.Assign) for node in tree.body)      # nothing but literals
+    names = [node.targets[0].id for node in tree.body]
+    assert len(names) == len(set(names))
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
+
+
+def test_finetune_parameters_cell_lists_every_field_with_its_default():
+    """So papermill warns about nothing the kit or a user passes, and the cell documents every
+    knob; only the smoke knobs differ from RunConfig's defaults."""
+    import nbformat
+    params = notebook_parameters(FINETUNE)
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    assert sorted(params) == sorted(fields)
+    differ = {k for k, v in params.items()
+              if (tuple(v) if isinstance(v, list) else v) != fields[k]}
+    assert differ == SMOKE
+    nb = nbformat.read(FINETUNE, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert not any(line.lstrip().startswith(("def ", "class ")) for c in code
+                   for line in c.source.splitlines())
+
+
+def test_finetune_defaults_give_an_ssa_run_that_labels_tokens(tmp_path):
+    """The notebook as shipped: SSA-H probes, some masked variants flip, tokens get label 1,
+    and the synthetic task's cue words get label 1 more often than the distractors."""
+    from kit.train import fit
+    params = {**notebook_parameters(FINETUNE), "outputs_dir": str(tmp_path),
+              "save_checkpoints": False}
+    metrics = fit(RunConfig.from_namespace(params))
+    assert metrics["status"] == "ok"
+    stats = metrics["ssa_labels"]
+    assert [s["epoch"] for s in stats] == [1, 2]                 # epochs after ssa_start_epoch
+    assert all(s["flipped"] > 0 and s["labelled_tokens"] > 0 and s["share_label1"] > 0
+               for s in stats)
+    last = stats[-1]
+    assert last["cue_share_label1"] > last["distractor_share_label1"]
