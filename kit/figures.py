@@ -472,7 +472,8 @@ def case_study_data(vanilla_dir: str | os.PathLike, ssa_dir: str | os.PathLike,
                     max_length: int = 128) -> pd.DataFrame:
     """`token_scores` of a vanilla run and an SSA run side by side, one row per word-piece:
     sentence_id, sentence, position, token, vanilla_attention, ssa_attention, ssa_weight,
-    ssa_p_important, vanilla_prediction, vanilla_confidence, ssa_prediction, ssa_confidence.
+    ssa_p_important, vanilla_prediction, vanilla_confidence, ssa_prediction, ssa_confidence,
+    then task, model, vanilla_seed, ssa_seed (from the runs' config.json, for the title).
     Both runs must share a tokenizer (the same backbone)."""
     vanilla = token_scores(vanilla_dir, sentences, max_length)
     ssa = token_scores(ssa_dir, sentences, max_length)
@@ -485,7 +486,9 @@ def case_study_data(vanilla_dir: str | os.PathLike, ssa_dir: str | os.PathLike,
             if prefix == "vanilla" and column in ("weight", "p_important"):
                 continue
             data[f"{prefix}_{column}"] = frame[column].to_numpy()
-    return data
+    configs = [json.loads((Path(d) / "config.json").read_text()) for d in (vanilla_dir, ssa_dir)]
+    return data.assign(task=configs[0].get("task"), model=configs[0].get("model"),
+                       vanilla_seed=configs[0].get("seed"), ssa_seed=configs[1].get("seed"))
 
 
 CASE_ROWS = (("vanilla_attention", "{vanilla}: [CLS] attention"),
@@ -527,6 +530,11 @@ def plot_case_study(data: pd.DataFrame, vanilla: str = "bert", ssa: str = "ssa-h
 
         ax.set_title(f"“{first['sentence']}”\n{vanilla_label}: {said('vanilla')}   |   "
                      f"{ssa_label}: {said('ssa')}", fontsize=9)
+    if {"task", "model", "vanilla_seed", "ssa_seed"} <= set(data.columns):
+        first = data.iloc[0]
+        fig.suptitle(f"{first['task']}, {first['model']}: {vanilla_label} (seed "
+                     f"{first['vanilla_seed']}) vs {ssa_label} (seed {first['ssa_seed']})",
+                     fontsize=10)
     fig.tight_layout()
     return fig
 

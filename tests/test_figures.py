@@ -192,6 +192,9 @@ def test_plot_case_study_from_a_frame():
     title = ax.get_title()
     assert "BERT-r: negative (0.60)" in title and "SSA-H: positive (0.90)" in title
     assert len(ax.get_yticklabels()) == 4
+    named = figures.plot_case_study(data.assign(task="SST-2", model="minilm", vanilla_seed=0,
+                                                ssa_seed=0))
+    assert named._suptitle.get_text() == "SST-2, minilm: BERT-r (seed 0) vs SSA-H (seed 0)"
     matplotlib.pyplot.close("all")
 
 
