@@ -358,3 +358,63 @@ def test_glue_source(monkeypatch, tmp_path):
     monkeypatch.setenv("GLUE_DIR", str(tmp_path))
     assert data.glue_source("") == Path(tmp_path)
     assert data.glue_source("hub") == "hub"
+
+
+# --------------------------------------------------------------------------- token cache
+
+def assert_same_examples(got: Examples, want: Examples):
+    for name in ("input_ids", "token_type_ids", "special"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None) and len(a or []) == len(b or [])
+        for x, y in zip(a or [], b or []):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(got.labels, want.labels)
+    assert got.labels.dtype == want.labels.dtype
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_cached_encode_is_the_plain_one_and_the_second_run_reads_the_cache(tok, tmp_path,
+                                                                           monkeypatch, pair):
+    split = make_split(SINGLE, PAIR_B if pair else None, labels=[1, 0, 1])
+    plain = encode(tok, split, 12, regression=False)
+    first = encode(tok, split, 12, regression=False, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 1 and not list(tmp_path.glob("*.tmp*"))
+    monkeypatch.setattr(data, "_tokenize", lambda *a: pytest.fail("tokenized again"))
+    second = encode(tok, split, 12, regression=False, cache_dir=tmp_path)
+    for got in (first, second):
+        assert_same_examples(got, plain)
+
+
+def test_cached_synthetic_split_keeps_its_token_importance(tok, tmp_path):
+    split = synthetic.generate(True, 12, "train")
+    plain = encode(tok, split, 128, regression=False)
+    encode(tok, split, 128, regression=False, cache_dir=tmp_path)
+    cached = encode(tok, split, 128, regression=False, cache_dir=tmp_path)
+    assert_same_examples(cached, plain)
+    for x, y in zip(cached.importance, plain.importance):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_token_cache_key_follows_tokenizer_length_and_texts(tmp_path):
+    tok = load_tokenizer("minilm")            # a fresh copy: add_tokens changes it
+    split = make_split(SINGLE, PAIR_B)
+    key = data.token_cache_key(tok, split, 128)
+    assert key == data.token_cache_key(tok, make_split(SINGLE, PAIR_B, labels=[0, 0, 1]), 128)
+    others = {data.token_cache_key(tok, split, 64),
+              data.token_cache_key(tok, make_split(SINGLE, PAIR_B[:2] + ["other"]), 128),
+              data.token_cache_key(tok, make_split(SINGLE), 128),
+              data.token_cache_key(tok, make_split(PAIR_B, SINGLE), 128)}  # a and b swapped
+    tok.add_tokens(["xyzzyword"])
+    others.add(data.token_cache_key(tok, split, 128))
+    assert len(others) == 5 and key not in others
+
+
+def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
+    split = make_split(SINGLE, labels=[1, 0, 1])
+    path = tmp_path / f"{data.token_cache_key(tok, split, 128)}.npz"
+    path.write_bytes(b"half a file")
+    got = encode(tok, split, 128, regression=False, cache_dir=tmp_path)
+    assert_same_examples(got, encode(tok, split, 128, regression=False))
+    assert_same_examples(Examples(*data._load_tokens(path), labels=got.labels), got)
+
