@@ -510,17 +510,20 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
 
 # ---------------------------------------------------------------- writing
 
+def _markdown_cell(value) -> str:
+    """A table value as markdown text: blank when missing, floats to 6 significant digits,
+    "|" escaped (it would split the cell)."""
+    if pd.isna(value):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
 def _markdown(frame: pd.DataFrame) -> str:
-    """A GitHub markdown table (pandas' to_markdown needs the optional `tabulate` package)."""
-    def cell(value) -> str:
-        if pd.isna(value):
-            return ""
-        if isinstance(value, float):
-            return f"{value:.6g}"
-        return str(value).replace("|", "\\|").replace("\n", " ")
-    lines = [[str(c) for c in frame.columns], ["---"] * frame.shape[1],
-             *([cell(v) for v in row] for row in frame.itertuples(index=False))]
-    return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+    """A GitHub markdown table (pandas' to_markdown; cells pre-formatted, never re-parsed)."""
+    text = frame.map(_markdown_cell).rename(columns=str)
+    return text.to_markdown(index=False, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def _with_index(table: pd.DataFrame) -> pd.DataFrame:
