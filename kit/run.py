@@ -31,7 +31,7 @@ from kit import progress as kprogress
 from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig
 from kit.profiles import REPO, Profile, _Loader
 from kit.readers import DataError
-from kit.train import run_dir_of
+from kit.train import finished_metrics, run_dir_of
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
 OPTIONS = ("notebook",)            # options of this command, not RunConfig fields
@@ -115,6 +115,8 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
     profile = Profile(name=cfg.profile or "run", path=Path("command line"),
                       notebook=notebook_for(cfg, notebook), points=[params],
                       skip_missing_tasks=False)
+    if finished_metrics(cfg) is not None:      # before the data check: a rerun returns at once
+        return "skipped", "finished earlier", cfg
     batch.preflight(profile, [params])
     # papermill's "Passed unknown parameter" for fields a notebook does not list (every field
     # was validated above), and the kernel's progress as plain lines, as a batch does
