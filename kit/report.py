@@ -1,8 +1,11 @@
-"""Collect run folders into tables: summaries over seeds, the paper's Table 2 layout, selection.
+"""Collect run folders into tables: load_runs / collect_runs, k-fold and out-of-fold tables,
+hyper-parameter selection, the results notebook's table set, and writing md / csv / tex. The
+summary and paper tables and their statistics are kit.tables (re-exported here).
 
-Reads only what runs leave on disk (outputs/runs/<run_id>/config.json and metrics.json), never
-torch or the training code, so tables can be rebuilt anywhere from copied run folders. Metric
-values in the run folders are fractions; `paper_table` shows them x100 like the paper.
+Reads only what runs leave on disk (outputs/runs/<run_id>/config.json, metrics.json and
+history.csv), never torch or the training code, so tables can be rebuilt anywhere from copied
+run folders. Metric values in the run folders are fractions; `paper_table` shows them x100 like
+the paper.
 """
 from __future__ import annotations
 
