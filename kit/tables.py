@@ -104,17 +104,23 @@ def fold_runs(df: pd.DataFrame) -> pd.DataFrame:
 def epoch_view(df: pd.DataFrame, epoch: str = "best") -> pd.DataFrame:
     """The runs with `score` and the metric columns of the epoch view `epoch` (EPOCH_VIEWS):
     best (as recorded), last (load_runs' last_* columns) or heldout (heldout_score; the
-    per-metric columns are blanked: only the task score exists per dev subset)."""
+    per-metric columns are blanked: only the task score exists per dev subset). An OK run that
+    did not record the view (e.g. a multi-task run has no per-epoch subsets) becomes status
+    "missing" there, so the tables count it instead of averaging a hole."""
     if epoch not in EPOCH_VIEWS:
         raise ValueError(f"unknown epoch view {epoch!r}: choose one of {list(EPOCH_VIEWS)}")
     if epoch == "best" or df.empty:
         return df
-    if epoch == "last":
-        last = [c for c in df.columns if c.startswith("last_")]
-        return df.assign(**{c[len("last_"):]: df[c] for c in last})
     metrics = {m for t in df["task"].dropna().unique() for m in official_metrics(t, df)}
-    return df.assign(score=df.get("heldout_score", np.nan),
-                     **{m: np.nan for m in metrics - {"score"} if m in df.columns})
+    blank = {m: np.nan for m in metrics | {"score"} if m in df.columns}
+    if epoch == "last":
+        view = df.assign(**{**blank, **{c[len("last_"):]: df[c] for c in df.columns
+                                        if c.startswith("last_")}})
+    else:
+        view = df.assign(**{**blank, "score": df.get("heldout_score", np.nan)})
+    lost = (view["status"] == "ok") & view["score"].isna()
+    return view.assign(status=view["status"].mask(lost, "missing"),
+                       error=view["error"].mask(lost, f"no {epoch}-epoch metrics recorded"))
 
 
 def budget_view(df: pd.DataFrame, budget: str) -> pd.DataFrame:

@@ -470,6 +470,9 @@ def test_epoch_views_last_and_heldout(tmp_path):
         "70.0 ± 0.0", "66.0 ± 0.0", "64.0 ± 0.0"]
     with pytest.raises(ValueError, match="heldout"):
         paper_table(runs, epoch="first")
+    make_run(tmp_path, "b2", seed=2, dev=acc(0.7))        # recorded no per-epoch subsets
+    held = paper_table(load_runs(tmp_path), epoch="heldout")
+    assert held.loc["BERT-r", "RTE"] == "64.0† ± 0.0 (n=2, 1 missing)"
 
 
 def test_runs_table_keeps_the_fields_that_vary(tmp_path):
