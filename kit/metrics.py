@@ -197,10 +197,10 @@ def permutation_test(a, b) -> float:
     It assumes nothing about the distribution of seed scores, which n = 3 cannot check. The
     price: with 3 vs 3 seeds there are only C(6, 3) = 20 splits, so the smallest p-value is
     2/20 = 0.1 and nothing can reach p < 0.05; 5 vs 5 seeds reach 2/252 = 0.008.
-    1.0 when a side is empty.
+    1.0 ("no evidence") when a side has fewer than 2 samples, as welch_test.
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if len(a) == 0 or len(b) == 0:
+    if len(a) < 2 or len(b) < 2:
         return 1.0
     result = stats.permutation_test(
         (a, b), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),

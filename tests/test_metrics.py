@@ -4,6 +4,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import stats
 
 from kit.metrics import (compute_metrics, evaluate_splits, heldout_epoch, holm, is_constant,
@@ -170,7 +172,7 @@ def test_permutation_test_enumerates_the_splits():
     assert permutation_test([1.0, 2.0, 3.0], [1.5, 5.0, 6.0]) == pytest.approx(0.3)
     assert permutation_test([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]) == 1.0
     assert permutation_test([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(0.1)  # the floor
-    assert permutation_test([], [1.0]) == 1.0
+    assert permutation_test([], [1.0]) == 1.0 and permutation_test([0.5], [0.1, 0.2]) == 1.0
 
 
 def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
@@ -184,3 +186,19 @@ def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
 def test_significance_marks():
     assert [significance_mark(p) for p in (0.001, 0.0099, 0.01, 0.049, 0.05, 1.0)] == [
         "**", "**", "*", "*", "", ""]
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=12))
+def test_holm_properties(pvalues):
+    p, adjusted = np.array(pvalues), holm(pvalues)
+    assert (adjusted >= p - 1e-12).all() and (adjusted <= 1).all()
+    assert adjusted.min() == pytest.approx(min(1.0, len(p) * p.min()))   # Bonferroni for the min
+    order = np.argsort(p, kind="stable")
+    assert (np.diff(adjusted[order]) >= -1e-12).all()                   # keeps the order of p
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=4),
+       st.lists(st.floats(0, 1), min_size=1, max_size=4))
+def test_permutation_test_is_symmetric_and_a_probability(a, b):
+    p = permutation_test(a, b)
+    assert 0 < p <= 1 and p == pytest.approx(permutation_test(b, a))
