@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 from transformers import BertConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -54,3 +55,35 @@ def test_ssa_cost_runs_every_point_once_per_precision_and_compares_them():
             {"run": "bert", "train_examples_per_s": 20.0, "total": 70.0}]
     assert ssa_cost.precision_ratios(rows) == [
         "- ssa-h@1.0: bf16 / no: train ex/s x1.5, probe fwd/s x2.0, total time x0.625"]
+
+
+def fake_run(task, method, seed, precision, score, stats=()):
+    return {"status": "ok", "profile": "bf16-parity", "task": task, "method": method, "seed": seed,
+            "mixed_precision": precision, "best_dev": {"score": score}, "ssa_labels": list(stats),
+            "train_examples_per_s": 20.0 if precision == "bf16" else 10.0,
+            "wall_s": {"eval": 1.0 if precision == "bf16" else 4.0,
+                       "label_generation": 1.0 if precision == "bf16" else 2.0}}
+
+
+def test_bf16_parity_pairs_the_precisions_and_pools_label_stats(tmp_path):
+    import json
+
+    import bf16_parity
+    probe = {"probed": 10, "variants": 8, "flipped": 2, "labelled_tokens": 30, "share_label1": 0.2}
+    runs = [fake_run("RTE", "ssa-h", s, p, score, [{"epoch": 0}, probe, {**probe, "flipped": 6,
+                                                                         "share_label1": 0.5,
+                                                                         "labelled_tokens": 10}])
+            for s, p, score in [(0, "bf16", 0.5), (0, "no", 0.6), (1, "bf16", 0.7), (1, "no", 0.6),
+                                (2, "bf16", 0.9)]]                 # seed 2 has no fp32 twin
+    for i, m in enumerate(runs):
+        (tmp_path / "runs" / str(i)).mkdir(parents=True)
+        (tmp_path / "runs" / str(i) / "metrics.json").write_text(json.dumps(m))
+    points = bf16_parity.load_runs(tmp_path, "bf16-parity")
+    assert sorted(points) == [("RTE", "ssa-h", 0), ("RTE", "ssa-h", 1)]
+    [row] = bf16_parity.summarize(points)
+    assert row["score_bf16"] == [0.5, 0.7] and row["score_fp32"] == [0.6, 0.6]
+    assert row["mean_diff"] == pytest.approx(0.0)
+    assert row["flip_rate_bf16"] == [0.5, 0.5]                  # (2 + 6) / 16
+    assert row["share_label1_fp32"] == [pytest.approx(0.275)] * 2   # (0.2 * 30 + 0.5 * 10) / 40
+    assert row["train_speed_bf16_over_fp32"] == [2.0, 2.0]
+    assert row["label_gen_time_bf16_over_fp32"] == [0.5, 0.5]
