@@ -177,7 +177,8 @@ def test_one_family_through_papermill(folders, tmp_path):
     """The finetune notebook as a profile runs it, on DeBERTa-v3 (eager-only, Unigram)."""
     import papermill as pm
     cfg = small(folders["deberta-v3"], tmp_path / "out", method="ssa-h")
-    params = {k: v for k, v in cfg.to_dict().items() if k not in ("csv_text_columns", "tasks")}
+    default = RunConfig().to_dict()          # papermill injects literals: the changed fields
+    params = {k: v for k, v in cfg.to_dict().items() if v != default[k]}
     pm.execute_notebook(str(REPO / "notebooks" / "finetune.ipynb"), str(tmp_path / "nb.ipynb"),
                         parameters=params, kernel_name="python3", cwd=str(REPO),
                         progress_bar=False)
