@@ -318,3 +318,27 @@ def test_csv_submission_knobs_are_validated(bad, needle):
     with pytest.raises(ConfigError, match=needle) as info:
         RunConfig.from_dict({**(csv if bad.get("task") == "csv" else {}), **bad})
     assert "\n" not in str(info.value)
+
+
+def test_any_casing_and_separators_of_a_task_name_give_one_run_id():
+    """Property: a GLUE or synthetic task name with its letters' case flipped and '-', '_' or
+    ' ' inserted or removed anywhere normalises to the registry's name and its run id."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kit.tasks import GLUE_TASKS, SYNTHETIC_TASKS
+    names = [*GLUE_TASKS, *SYNTHETIC_TASKS]
+
+    @settings(max_examples=200, deadline=None, derandomize=True)
+    @given(st.sampled_from(names), st.data())
+    def check(name, data):
+        letters = [c for c in name if c not in "-_ "]
+        seps = data.draw(st.lists(st.sampled_from(["", "-", "_", " "]), min_size=len(letters),
+                                  max_size=len(letters)))
+        upper = data.draw(st.lists(st.booleans(), min_size=len(letters), max_size=len(letters)))
+        spelled = "".join((c.upper() if u else c.lower()) + s
+                          for c, u, s in zip(letters, upper, seps)).strip(" ")
+        cfg = RunConfig.from_dict({"task": spelled})
+        assert cfg.task == name and cfg.run_id == RunConfig(task=name).run_id
+
+    check()
