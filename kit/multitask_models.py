@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kit.models import ModelError
+from kit.models import SPEC, ModelError, load_weights, read_backbone
 
 RELEASED_HIDDEN, RELEASED_RANK = 768, 204     # BERT-base: 768 -> 204 -> 768
 
@@ -258,18 +258,12 @@ def apply_stage(model: MultiTaskModel, epoch: int, gate_start_epoch: int,
 # ------------------------------------------------------------------- save / load
 
 def load_multitask(folder: str | Path, eager_attention: bool = False):
-    """(model, tokenizer) from a checkpoint folder written by kit.models.save_model."""
-    from safetensors.torch import load_file
-    from transformers import AutoModel, AutoTokenizer
+    """(model, tokenizer) from a checkpoint folder written by kit.models.save_model (a kit-only
+    folder: plain transformers refuses it with a line naming kit.models)."""
+    from transformers import AutoTokenizer
     folder = Path(folder)
-    spec = MultiTaskSpec(**json.loads((folder / "head_spec.json").read_text()))
-    backbone = AutoModel.from_pretrained(folder, attn_implementation="eager" if eager_attention
-                                         else "sdpa")
-    model = MultiTaskModel(backbone, spec)
-    missing, unexpected = model.load_state_dict(load_file(str(folder / "heads.safetensors")),
-                                                strict=False)
-    missing = [k for k in missing if not k.startswith("backbone.")]
-    if missing or unexpected:
-        raise ModelError(f"{folder}: heads do not match the spec (missing {missing}, "
-                         f"unexpected {unexpected})")
-    return model.eval(), AutoTokenizer.from_pretrained(folder)
+    spec = MultiTaskSpec(**json.loads((folder / SPEC).read_text()))
+    with torch.random.fork_rng(devices=[]):          # the heads' random init, overwritten below
+        model = MultiTaskModel(read_backbone(folder, eager_attention), spec)
+    load_weights(model, folder)
+    return model.eval(), AutoTokenizer.from_pretrained(folder, config=model.backbone.config)

@@ -179,7 +179,8 @@ def _fit(cfg: RunConfig, run_dir: Path) -> dict:
     spec = HeadSpec(num_labels=task.num_labels, method=cfg.method, beta=cfg.beta,
                     hybrid_weighting=cfg.hybrid_weighting,
                     attention_threshold=cfg.attention_threshold,
-                    share_weight=cfg.share_weight, max_length=cfg.max_length)
+                    share_weight=cfg.share_weight, max_length=cfg.max_length,
+                    labels=None if task.regression else list(task.labels))
     model = SequenceModel(backbone, spec)
     pad_id = tokenizer.pad_token_id
     train = encode(tokenizer, data.train, cfg.max_length, task.regression)
