@@ -3,8 +3,8 @@
 Each folder is what a user's `model:` may point at: config.json + weights + a real tokenizer of
 the kind the family ships with - WordPiece (BERT, ELECTRA, DistilBERT: the embedded model's
 uncased vocabulary), byte-level BPE (RoBERTa, ModernBERT) or SentencePiece-style Unigram
-(XLM-RoBERTa, DeBERTa-v3) trained offline with the `tokenizers` library on the project's own GLUE
-text. Special tokens follow each family: `<s>`/`</s>`/`<mask>` with the double separator in
+(XLM-RoBERTa, DeBERTa-v2/v3) trained offline with the `tokenizers` library on the project's own
+GLUE text. Special tokens follow each family: `<s>`/`</s>`/`<mask>` with the double separator in
 pairs and no token_type_ids for RoBERTa and XLM-R, `[CLS]`/`[SEP]`/`[MASK]` elsewhere,
 DistilBERT and ModernBERT without token_type_ids. Weights are random (hidden 32, 2 layers):
 the folders show that every method runs on every family, not what a family learns.
@@ -163,6 +163,15 @@ def deberta_v3_config(tokenizer):
                            share_att_key=True, position_biased_input=False, type_vocab_size=0)
 
 
+def deberta_v2_config(tokenizer):
+    """DeBERTa-v2-xlarge's extras over v3: a convolution beside the first layer
+    (conv_kernel_size) and absolute position embeddings in the input as well."""
+    config = deberta_v3_config(tokenizer)
+    config.conv_kernel_size, config.conv_act = 3, "gelu"
+    config.position_biased_input = True
+    return config
+
+
 def modernbert_config(tokenizer):
     from transformers import ModernBertConfig
     return ModernBertConfig(**_ids(tokenizer), bos_token_id=tokenizer.cls_token_id,
@@ -193,6 +202,8 @@ FAMILIES: dict[str, Family] = {
                          "WordPiece"),
     "deberta-v3": Family(lambda lines: unigram_tokenizer(lines, BERT_SPECIALS, WITH_TYPES),
                          deberta_v3_config, "Unigram"),
+    "deberta-v2": Family(lambda lines: unigram_tokenizer(lines, BERT_SPECIALS, WITH_TYPES),
+                         deberta_v2_config, "Unigram"),
     "modernbert": Family(lambda lines: byte_bpe_tokenizer(lines, BERT_SPECIALS, NO_TYPES),
                          modernbert_config, "byte-level BPE"),
 }

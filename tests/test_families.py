@@ -24,7 +24,7 @@ from kit.train import fit, run_dir_of
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = sorted(zoo.FAMILIES)
 # families whose model class has no SDPA path: transformers falls back to eager for them
-EAGER_ONLY = {"deberta-v3"}
+EAGER_ONLY = {"deberta-v2", "deberta-v3"}
 # a pooler (dense + tanh) in the base model: its output is the sentence representation
 POOLER = {"bert", "roberta", "xlm-roberta"}
 

@@ -112,6 +112,8 @@ FAMILY_LAYOUT = {
     "distilbert": ("transformer.layer", ("embeddings.",), ()),
     "deberta-v3": ("encoder.layer", ("embeddings.", "encoder.rel_embeddings.",
                                      "encoder.LayerNorm."), ()),
+    "deberta-v2": ("encoder.layer", ("embeddings.", "encoder.rel_embeddings.",
+                                     "encoder.LayerNorm.", "encoder.conv."), ()),
     "modernbert": ("layers", ("embeddings.",), ("final_norm.",)),
 }
 
