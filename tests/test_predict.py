@@ -15,7 +15,7 @@ from kit.data import glue_source
 from kit.models import (HeadSpec, ModelError, SequenceModel, load_backbone, load_trained,
                         save_model)
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, load_multitask
-from kit.predict import as_split, main, predict, predict_logits
+from kit.predict import as_frame, as_split, main, predict, predict_logits, run_text_columns
 from kit.readers import DataError, read_glue_split
 from kit.synthetic import generate
 from kit.tasks import get_task
@@ -136,6 +136,17 @@ def test_regression_head_config_and_logits(tmp_path):
     split = as_split(["a cat sat", "two dogs ran far away"], pair=False)
     logits = predict_logits(load_trained(tmp_path)[0], tokenizer, split)
     np.testing.assert_allclose(logits, ours["logits"].numpy(), atol=1e-6)
+    frame = as_frame(logits, None)                      # a regression run's output: the scores
+    assert list(frame.columns) == ["prediction"]
+    assert frame["prediction"].tolist() == logits[:, 0].astype(float).tolist()
+
+
+def test_text_columns_come_from_the_run(tmp_path):
+    config = {"task": "csv", "csv_text_columns": ["excerpt"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert run_text_columns(tmp_path) == ("excerpt",)
+    (tmp_path / "config.json").write_text(json.dumps({"task": "sts-b"}))
+    assert run_text_columns(tmp_path) == ("sentence1", "sentence2")
 
 
 def test_a_checkpoint_in_the_earlier_layout_still_loads(tmp_path):
@@ -187,12 +198,15 @@ def test_a_multitask_checkpoint_round_trips_and_is_refused_by_plain_transformers
     with torch.no_grad():
         for p in model.parameters():            # move the zero-initialised parts off zero
             p.add_(torch.randn_like(p) * 0.01)
-    save_model(model, tokenizer, tmp_path)
-    loaded, _ = load_multitask(tmp_path)
+    save_model(model, tokenizer, tmp_path / "run" / "checkpoint" / "best")
+    loaded, _ = load_multitask(tmp_path / "run" / "checkpoint" / "best")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  loaded.state_dict().values()))
     with pytest.raises(ValueError, match="ssa-kit gated model"):
-        AutoModelForSequenceClassification.from_pretrained(tmp_path)
+        AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "checkpoint" / "best")
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"task": "RTE", "tasks": ["RTE"]}))
+    with pytest.raises(ModelError, match="a multi-task run; kit.predict takes single-task runs"):
+        predict(tmp_path / "run", ["x"])
 
 
 def test_cli_writes_the_csv_and_says_what_is_missing(rte_run, tmp_path, capsys):
