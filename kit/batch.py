@@ -30,7 +30,7 @@ from kit.data import glue_source, load_task_data
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError, hub_unreachable
 from kit.tasks import GLUE_TASKS
-from kit.train import finished_metrics, run_dir_of
+from kit.runs import finished_metrics, record_failed, run_dir_of
 
 # Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
 # nbclient stops the kernel) are not about the run: keep only the kernel's critical errors.
@@ -98,10 +98,12 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
 
 # ---------------------------------------------------------------- one point
 
-def execute(profile: Profile, point: dict) -> tuple[str, str]:
+def execute(profile: Profile, point: dict, processes: int = 1) -> tuple[str, str]:
     """Run one grid point through papermill; returns (status, detail), status one of ok,
     skipped, failed. The executed notebook is written to a temp file and renamed into the run
-    folder only by the batch that ran the point: a second batch never touches it."""
+    folder only by the batch that ran the point: a second batch never touches it.
+    processes > 1: the point runs data-parallel under torchrun (`python -m kit.train`), with
+    no notebook (a kernel is one process)."""
     import papermill as pm
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
@@ -117,6 +119,8 @@ def execute(profile: Profile, point: dict) -> tuple[str, str]:
             return "skipped", "running in another batch"
         if finished_metrics(cfg) is not None:               # it may have finished while we looked
             return "skipped", "finished earlier"
+        if processes > 1:
+            return _run_distributed(cfg, processes)
         try:
             with kio.atomic_path(run_dir / "notebook.ipynb") as tmp:
                 status, detail = _run_notebook(pm, profile, cfg, tmp)
@@ -143,18 +147,51 @@ def _run_notebook(pm, profile: Profile, cfg: RunConfig, output: Path) -> tuple[s
         detail = _failure_reason(err)
         if detail.startswith("RunLocked"):      # fit() refused: another process trains it
             return "skipped", "running in another process"
-        metrics_path = run_dir_of(cfg) / "metrics.json"
-        try:
-            recorded = json.loads(metrics_path.read_text())
-        except (OSError, ValueError):
-            recorded = {}
-        if recorded.get("status") != "failed":   # fit() could not record it: the kernel died
-            kio.write_json(metrics_path, {
-                "run_id": cfg.run_id, "task": cfg.task, "model": cfg.model,
-                "method": cfg.method, "seed": cfg.seed, "profile": cfg.profile,
-                "status": "failed", "error": detail})
-        return "failed", recorded.get("error") or detail
+        return _failed(cfg, detail)
     return "ok", ""
+
+
+def _failed(cfg: RunConfig, detail: str) -> tuple[str, str]:
+    """The run's own failure record, or one for a process that died before writing it."""
+    try:
+        recorded = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    if recorded.get("status") != "failed":
+        record_failed(cfg, detail)
+    return "failed", recorded.get("error") or detail
+
+
+def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
+    """One point on `processes` data-parallel processes: torchrun, one node (gloo on CPU, NCCL
+    on GPUs). Their progress lines stream to this terminal; a crash is recorded as failed."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(cfg.to_dict(), f)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={processes}", "-m", "kit.train", f.name]
+    # torchrun warns unless the threads per process are set: share the cores between them
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))}
+    errors, echo = [], True
+    try:
+        with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            for line in proc.stderr:         # the ranks' progress lines, as they come
+                if line.startswith("error: "):
+                    errors.append(line.strip().removeprefix("error: "))
+                echo = echo and "Traceback" not in line and "ChildFailedError" not in line
+                if echo and not line.startswith("error: "):
+                    sys.stderr.write(line)
+    finally:
+        os.unlink(f.name)
+    if proc.returncode == 0:
+        return "ok", ""
+    detail = errors[0] if errors else f"torchrun exit {proc.returncode}"
+    if detail.startswith("RunLocked"):
+        return "skipped", "running in another process"
+    return _failed(cfg, detail)
 
 
 def _failure_reason(err: Exception) -> str:
@@ -176,7 +213,8 @@ def _eta(started: float, ran: int, left: int) -> str:
     return f", ETA {s // 60:.0f}m{s % 60:02.0f}s"
 
 
-def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs") -> int:
+def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
+                processes: int = 1) -> int:
     import logging
     # papermill warns about parameters missing from the notebook's parameters cell; every
     # parameter was validated against RunConfig above, so those warnings are noise here
@@ -198,7 +236,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
         else:
             if finished_metrics(cfg) is None:
                 print(f"[{i}/{len(points)}] {_label(cfg)}: started", flush=True)
-            status, detail = execute(profile, point)
+            status, detail = execute(profile, point, processes)
         counts[status] += 1
         ran += status in ("ok", "failed")
         note = f" ({detail})" if detail else ""
@@ -250,9 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("profile", help="a name in params/ (demo, smoke, glue-small ...) or a YAML path")
     parser.add_argument("--shard", help="i/n: run every n-th grid point starting at i")
     parser.add_argument("--outputs", default=os.environ.get("SSA_KIT_OUTPUTS", "outputs"))
+    parser.add_argument("--processes", type=int, default=1,
+                        help="N > 1: each run data-parallel on N processes (torchrun; one per "
+                             "GPU, or CPU processes with gloo); the global batch stays batch_size")
     args = parser.parse_args(argv)
+    if args.processes < 1:
+        parser.error("--processes must be >= 1")
     try:
-        return run_profile(args.profile, args.shard, args.outputs)
+        return run_profile(args.profile, args.shard, args.outputs, args.processes)
     except (ConfigError, DataError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

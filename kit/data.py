@@ -349,12 +349,3 @@ def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
     """Longest first: the first batch shows the peak memory at once, padding is minimal."""
     order = np.argsort(-lengths, kind="stable")
     return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
-
-
-def make_loader(examples: Examples, batches: list[list[int]], pad_id: int,
-                pin_memory: bool = False):
-    """A DataLoader over precomputed batches of row indices (a batch_sampler, so accelerate can
-    shard it across processes unchanged). Pinned memory lets GPU copies run asynchronously."""
-    return torch.utils.data.DataLoader(
-        range(len(examples)), batch_sampler=batches, pin_memory=pin_memory,
-        collate_fn=lambda idx: collate(examples, idx, pad_id))

@@ -13,7 +13,7 @@ Evaluation after every epoch: every task on its full dev set(s) with its officia
 Model selection: the epoch with the highest MEAN of the task scores (kit.metrics.task_score; the
 GLUE average; the released code picks on the sum, which selects the same epoch).
 
-Output (the kit.train.fit contract, outputs/runs/<run_id>/): config.json, metrics.json (status
+Output (the kit.runs contract, outputs/runs/<run_id>/): config.json, metrics.json (status
 ok/failed), history.csv (loss and per-task loss per logging window), predictions/<TASK>/<split>.tsv,
 checkpoint/{best,last} (kit.models.save_model layout; reload with load_multitask; `last` also holds
 the loop state, so a killed run resumes after its last finished epoch). metrics.json:
@@ -23,9 +23,7 @@ the loop state, so a killed run resumes after its last finished epoch). metrics.
 """
 from __future__ import annotations
 
-import copy
 import math
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,19 +31,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kit import io as kio
+from kit import loop, runs
 from kit import metrics as kmetrics
-from kit import progress as kprogress
-from kit import tracking as ktracking
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
-from kit.data import collate, encode, length_grouped_batches, load_task_data, random_batches
-from kit.models import load_backbone, target_loss
+from kit.data import encode, length_grouped_batches, load_task_data, random_batches
+from kit.models import load_backbone, save_model, target_loss
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, apply_stage, load_multitask
-from kit.optim import parameter_groups
 from kit.tasks import get_task
-from kit.train import (LinearSchedule, Progress, _accelerator, _check_finite, _label_text,
-                       _peak_memory_mb, _predict_logits, _resume, _save_checkpoints, _to_device,
-                       _to_predictions, _write_history, run_recorded)
 
 SAMPLING = ("prop", "sqrt", "anneal", "round-robin")
 SELECTION = "mean of the tasks' dev scores"
@@ -136,7 +128,7 @@ def fit_multitask(cfg: RunConfig) -> dict:
     if cfg.method not in MULTITASK_METHODS:
         raise ConfigError(f"parameter 'method': fit_multitask runs {', '.join(MULTITASK_METHODS)}, "
                           f"not {cfg.method!r} (use kit.train.fit)")
-    return run_recorded(cfg, _fit_multitask)
+    return runs.run_recorded(cfg, lambda c, run_dir: loop.run(c, run_dir, MultiTask))
 
 
 def _task_config(cfg: RunConfig, name: str) -> RunConfig:
@@ -144,189 +136,112 @@ def _task_config(cfg: RunConfig, name: str) -> RunConfig:
     return replace(cfg, task=name, method="bert", tasks=())
 
 
-def _fit_multitask(cfg: RunConfig, run_dir: Path) -> dict:
-    from accelerate.utils import set_seed
-    from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()
-    set_seed(cfg.seed)
-    accelerator = _accelerator(cfg, ktracking.trackers(ktracking.resolve(cfg.report_to),
-                                                       cfg.outputs_dir, cfg.profile, cfg.run_id))
-    accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
-    if accelerator.num_processes > 1:
-        raise NotImplementedError("multi-task runs are single-process (one GPU or CPU) for now")
-    data = [load_task_data(_task_config(cfg, name)) for name in cfg.tasks]
-    tasks = [d.task for d in data]
-    names = [t.name for t in tasks]
-    backbone, tokenizer = load_backbone(cfg.model)
-    spec = MultiTaskSpec(tasks=names, num_labels=[t.num_labels for t in tasks],
-                         regression=[t.regression for t in tasks], method=cfg.method,
-                         adapter_rank=cfg.adapter_rank)
-    model = MultiTaskModel(backbone, spec)
-    pad_id = tokenizer.pad_token_id
-    train = [encode(tokenizer, d.train, cfg.max_length, t.regression) for d, t in zip(data, tasks)]
-    dev = [{name: encode(tokenizer, split, cfg.max_length, t.regression)
-            for name, split in d.dev.items()} for d, t in zip(data, tasks)]
+class MultiTask(loop.Job):
+    """Several tasks, one head each (EmBERT / Gated-BERT); batches of one task at a time, the
+    task of each batch sampled by TaskMixer; gated stages switch per epoch."""
+    find_unused_parameters = True
 
-    # every parameter joins the optimizer now; stages only switch requires_grad (AdamW skips a
-    # parameter without a gradient, so a frozen one is neither moved nor decayed)
-    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.lr, cfg.weight_decay,
-                                                   cfg.layer_decay, cfg.freeze_layers),
-                                  lr=cfg.lr, fused=True)
-    trainable = {id(p) for p in model.parameters() if p.requires_grad}
-    model, optimizer = accelerator.prepare(model, optimizer)
-    unwrapped = accelerator.unwrap_model(model)
-    schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
-    mixer = TaskMixer([x.lengths for x in train], cfg.batch_size, cfg.sampling, cfg.epochs,
-                      cfg.seed, cfg.steps_per_epoch, cfg.group_by_length)
-    progress = (_resume(model, optimizer, run_dir, load=load_multitask)
-                if cfg.save_checkpoints else None) or Progress()
-    for epoch in range(progress.epoch + 1):   # replay finished epochs: the streams carry over
-        mixer.epoch(epoch)
-    lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.data = [load_task_data(_task_config(cfg, name)) for name in cfg.tasks]
+        self.tasks = [d.task for d in self.data]
+        self.names = [t.name for t in self.tasks]
+        backbone, self.tokenizer = load_backbone(cfg.model)
+        spec = MultiTaskSpec(tasks=self.names, num_labels=[t.num_labels for t in self.tasks],
+                             regression=[t.regression for t in self.tasks], method=cfg.method,
+                             adapter_rank=cfg.adapter_rank)
+        self.model = MultiTaskModel(backbone, spec)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.train = [encode(self.tokenizer, d.train, cfg.max_length, t.regression)
+                      for d, t in zip(self.data, self.tasks)]
+        self.dev = [{name: encode(self.tokenizer, split, cfg.max_length, t.regression)
+                     for name, split in d.dev.items()} for d, t in zip(self.data, self.tasks)]
+        self.has_test = cfg.predict_test and any(d.test for d in self.data)
+        self.mixer = TaskMixer([x.lengths for x in self.train], cfg.batch_size, cfg.sampling,
+                               cfg.epochs, cfg.seed, cfg.steps_per_epoch, cfg.group_by_length)
+        self.stage = None
 
-    def evaluate() -> tuple[dict, dict, dict]:
+    def resumed(self, epoch: int) -> None:
+        for e in range(epoch + 1):      # replay finished epochs: the streams carry over
+            self.mixer.epoch(e)
+
+    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
+        # every parameter joined the optimizer; stages only switch requires_grad (AdamW skips a
+        # parameter without a gradient, so a frozen one is neither moved nor decayed)
+        self.stage = apply_stage(unwrapped, epoch, self.cfg.gate_start_epoch,
+                                 self.cfg.freeze_qkv_epoch, self.trainable)
+        return loop.Epoch(self.train, self.mixer.epoch(epoch))
+
+    def loss_terms(self, model, batch: dict, task: int) -> dict:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"),
+                    task=task)
+        return {"loss": target_loss(out["logits"], batch["labels"], self.tasks[task].regression)}
+
+    def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
+        """Every task on its full dev set(s); selection on the mean task score."""
         per_task, three, results = {}, {}, {}
-        for t, task in enumerate(tasks):
+        for t, task in enumerate(self.tasks):
             unwrapped.set_task(t)
             results[task.name] = {
-                split: (_to_predictions(_predict_logits(model, ex, cfg.eval_batch_size, pad_id,
-                                                        accelerator, f"eval {task.name}"),
-                                        task.regression), ex.labels)
-                for split, ex in dev[t].items()}
+                split: (loop.to_predictions(predict(ex, f"eval {task.name}"), task.regression),
+                        ex.labels) for split, ex in self.dev[t].items()}
             per_task[task.name] = kmetrics.evaluate_splits(task, results[task.name])
             three[task.name] = kmetrics.three_subset_stats(
                 task, *results[task.name][task.dev_splits[0]])
-        return per_task, three, results
-
-    history, epochs, walls = progress.history, progress.epochs, progress.walls
-    best_state = None
-    started = time.perf_counter() - progress.elapsed
-    for epoch in range(progress.epoch + 1, cfg.epochs):
-        t0 = time.perf_counter()
-        stage = apply_stage(unwrapped, epoch, cfg.gate_start_epoch, cfg.freeze_qkv_epoch,
-                            trainable)
-        plan = mixer.epoch(epoch)
-        model.train()
-        running, running_tasks = [], []
-        epoch_losses = [[] for _ in tasks]
-        for i, (t, rows) in enumerate(kprogress.bar(
-                plan, desc=f"epoch {epoch}/{cfg.epochs - 1} train",
-                disable=not accelerator.is_local_main_process)):
-            batch = _to_device(collate(train[t], rows, pad_id), accelerator)
-            with accelerator.accumulate(model):
-                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            special_mask=batch["special_mask"],
-                            token_type_ids=batch.get("token_type_ids"), task=t)
-                loss = target_loss(out["logits"], batch["labels"], tasks[t].regression)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    lr = schedule.set_progress((epoch + (i + 1) / len(plan)) / cfg.epochs)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            running.append(loss.detach())
-            running_tasks.append(t)
-            progress.step += 1
-            progress.trained_examples += len(rows)
-            if progress.step % cfg.log_every == 0 or i == len(plan) - 1:
-                window = torch.stack(running).float()[:, None]   # one host sync per log
-                _check_finite(window, ["loss"], epoch, progress.step)
-                values = window[:, 0].tolist()
-                per_task = {}
-                for task_index, value in zip(running_tasks, values):
-                    epoch_losses[task_index].append(value)
-                    per_task.setdefault(f"loss_{names[task_index]}", []).append(value)
-                history.append({"step": progress.step,
-                                "epoch": round(epoch + (i + 1) / len(plan), 4),
-                                "wall_s": round(time.perf_counter() - started, 3),
-                                "loss": float(np.mean(values)),
-                                **{k: float(np.mean(v)) for k, v in per_task.items()}, "lr": lr})
-                accelerator.log(ktracking.step_scalars(history[-1]), step=progress.step)
-                running, running_tasks = [], []
-        epoch_train_s = time.perf_counter() - t0
-        walls["train"] += epoch_train_s
-
-        # evaluate every task on its full dev set(s); select on the mean task score
-        t0 = time.perf_counter()
-        per_task, three, results = evaluate()
         score = float(np.mean([m["score"] for m in per_task.values()]))
-        counts = np.bincount([t for t, _ in plan], minlength=len(tasks))
-        record = {"epoch": epoch, "dev": {**per_task, "score": score}, "three_subset": three,
-                  "train_loss": float(np.mean([v for vs in epoch_losses for v in vs])),
-                  "train_loss_per_task": {n: float(np.mean(v)) if v else None
-                                          for n, v in zip(names, epoch_losses)},
-                  "task_batches": dict(zip(names, counts.tolist())),
-                  "sampling_probs": dict(zip(names, mixer.probabilities(epoch).round(4).tolist())),
-                  "stage": stage, "wall_s": round(time.perf_counter() - started, 3)}
-        epochs.append(record)
-        improved = progress.best is None or score > progress.best["dev"]["score"]
-        if accelerator.is_local_main_process:
-            kprogress.note(f"epoch {epoch}/{cfg.epochs - 1}: mean dev score {score:.4f} ("
-                           + ", ".join(f"{n} {m['score']:.4f}" for n, m in per_task.items())
-                           + f"){' (best)' if improved else ''}")
-        accelerator.log(ktracking.epoch_scalars(
-            record, None, sum(len(rows) for _, rows in plan) / epoch_train_s), step=progress.step)
-        if improved:
-            progress.best = record
-            for task in tasks:
-                _write_dev_predictions(run_dir, task, data[names.index(task.name)].dev,
-                                       results[task.name])
-            if cfg.predict_test and not cfg.save_checkpoints:
-                best_state = copy.deepcopy(unwrapped.state_dict())
-        _write_history(run_dir, history)
-        walls["eval"] += time.perf_counter() - t0
-        progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
-        if cfg.save_checkpoints and accelerator.is_main_process:
-            _save_checkpoints(unwrapped, tokenizer, run_dir, improved, progress, optimizer)
+        return {**per_task, "score": score}, three, results
 
-    if cfg.predict_test and any(d.test for d in data):
-        if cfg.save_checkpoints:
-            best_state = load_multitask(run_dir / "checkpoint" / "best")[0].state_dict()
-        unwrapped.load_state_dict(best_state)
-        for t, (task, d) in enumerate(zip(tasks, data)):
+    def record(self, epoch: int, work: loop.Epoch, history: list, epoch_losses: list) -> dict:
+        counts = np.bincount([t for t, _ in work.plan], minlength=len(self.tasks))
+        return {"train_loss": float(np.mean([v for vs in epoch_losses for v in vs])),
+                "train_loss_per_task": {n: float(np.mean(v)) if v else None
+                                        for n, v in zip(self.names, epoch_losses)},
+                "task_batches": dict(zip(self.names, counts.tolist())),
+                "sampling_probs": dict(zip(self.names,
+                                           self.mixer.probabilities(epoch).round(4).tolist())),
+                "stage": self.stage}
+
+    def write_dev(self, run_dir: Path, results: dict, suffix: str = "") -> None:
+        for task, d in zip(self.tasks, self.data):
+            runs.write_dev_predictions(runs.predictions_dir(run_dir, task.name), task, d.dev,
+                                       results[task.name], suffix)
+
+    def write_test(self, run_dir: Path, predict, unwrapped, write: bool) -> None:
+        for t, (task, d) in enumerate(zip(self.tasks, self.data)):
             unwrapped.set_task(t)
-            for split_name, split in d.test.items():
-                examples = encode(tokenizer, split, cfg.max_length, task.regression)
-                preds = _to_predictions(_predict_logits(model, examples, cfg.eval_batch_size,
-                                                        pad_id, accelerator), task.regression)
-                rows = ["index\tprediction"] + [f"{i}\t{_label_text(task, p)}"
-                                                for i, p in zip(split.ids, preds)]
-                kio.write_text(run_dir / "predictions" / task.name / f"{split_name}.tsv",
-                               "\n".join(rows) + "\n")
-    walls["total"] = time.perf_counter() - started
-    for tracker in accelerator.trackers:   # not end_training(): that also ends the process group
-        tracker.finish()
-    best = progress.best
-    best_three = best["three_subset"]
-    return {"epochs": epochs, "best_epoch": best["epoch"], "best_dev": flat_dev(best["dev"]),
-            "per_task": {n: best["dev"][n] for n in names},
-            "per_task_three_subset": best_three,
-            "best_three_subset": {"mean": float(np.mean([s["mean"] for s in best_three.values()])),
-                                  "std": float(np.mean([s["std"] for s in best_three.values()]))},
-            "last_dev": flat_dev(epochs[-1]["dev"]), "selection": SELECTION,
-            "task_sizes": dict(zip(names, mixer.sizes)), "steps_per_epoch": mixer.n_batches,
-            "adapter_rank": unwrapped.spec.adapter_rank if cfg.method == "gated" else None,
-            "wall_s": {k: round(v, 3) for k, v in walls.items()},
-            "train_examples": progress.trained_examples,
-            "train_examples_per_s": round(progress.trained_examples / max(walls["train"], 1e-9),
-                                          2),
-            "peak_memory_mb": _peak_memory_mb(), "ssa_labels": [],
-            "resumed_after_epoch": progress.resumed_after_epoch,
-            "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
+            for name, split in d.test.items():
+                examples = encode(self.tokenizer, split, self.cfg.max_length, task.regression)
+                preds = loop.to_predictions(predict(examples), task.regression)
+                if write:
+                    runs.write_test_predictions(runs.predictions_dir(run_dir, task.name), task,
+                                                name, split, preds)
+
+    def save(self, model, tokenizer, folder: Path) -> None:
+        save_model(model, tokenizer, folder)
+
+    def load(self, folder: Path):
+        return load_multitask(folder)
+
+    def summary(self, progress: runs.Progress, unwrapped) -> dict:
+        best, last = progress.best, progress.epochs[-1]
+        best_three = best["three_subset"]
+        return {"best_dev": flat_dev(best["dev"]),
+                "per_task": {n: best["dev"][n] for n in self.names},
+                "per_task_three_subset": best_three,
+                "best_three_subset": {
+                    "mean": float(np.mean([s["mean"] for s in best_three.values()])),
+                    "std": float(np.mean([s["std"] for s in best_three.values()]))},
+                "last_dev": flat_dev(last["dev"]), "selection": SELECTION,
+                "task_sizes": dict(zip(self.names, self.mixer.sizes)),
+                "steps_per_epoch": self.mixer.n_batches,
+                "adapter_rank": unwrapped.spec.adapter_rank if self.cfg.method == "gated" else None}
 
 
 def flat_dev(dev: dict) -> dict:
     """{"RTE": {"accuracy": ..}, "score": ..} -> {"score": .., "RTE/accuracy": ..}."""
     return {"score": dev["score"], **{f"{task}/{name}": value for task, metrics in dev.items()
                                       if task != "score" for name, value in metrics.items()}}
-
-
-def _write_dev_predictions(run_dir: Path, task, splits: dict, results: dict) -> None:
-    for name, (preds, labels) in results.items():
-        rows = ["index\tprediction\tlabel"] + [
-            f"{i}\t{_label_text(task, p)}\t{_label_text(task, y)}"
-            for i, p, y in zip(splits[name].ids, preds, labels)]
-        kio.write_text(run_dir / "predictions" / task.name / f"{name}.tsv", "\n".join(rows) + "\n")
 
 
 # ------------------------------------------------------------------- what the notebook shows

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from kit.config import ConfigError, RunConfig
+from kit.tasks import canonical_task_name
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
@@ -102,6 +103,16 @@ def _grids(path: Path, spec: dict) -> list[dict]:
     return grids
 
 
+def _overrides_for(overrides: dict, task) -> dict:
+    """A task's overrides, whichever spelling the grid and the overrides use (sst2 / SST-2)."""
+    def key(name) -> str:
+        try:
+            return canonical_task_name(str(name))
+        except ValueError:
+            return str(name)
+    return next((v for k, v in overrides.items() if key(k) == key(task)), {}) if task else {}
+
+
 def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
     path = profile_path(name)
     spec = read_spec(path)
@@ -110,7 +121,7 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
         axes = {str(k): v if isinstance(v, list) else [v] for k, v in grid.items()}
         for values in itertools.product(*axes.values()):
             point = dict(zip(axes, values))
-            point.update((spec.get("task_overrides") or {}).get(point.get("task"), {}))
+            point.update(_overrides_for(spec.get("task_overrides") or {}, point.get("task")))
             point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
             try:
                 run_id = RunConfig.from_dict(point).run_id   # validate every point up front

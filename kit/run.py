@@ -31,7 +31,7 @@ from kit import progress as kprogress
 from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig
 from kit.profiles import REPO, Profile, _Loader
 from kit.readers import DataError
-from kit.train import finished_metrics, run_dir_of
+from kit.runs import finished_metrics, run_dir_of
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
 OPTIONS = ("notebook",)            # options of this command, not RunConfig fields

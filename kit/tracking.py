@@ -71,7 +71,7 @@ def step_scalars(row: dict) -> dict:
 
 def epoch_scalars(record: dict, label_stats: dict | None, examples_per_s: float) -> dict:
     """An epoch's dev metrics, SSA label statistics and throughput as scalars."""
-    out = {f"dev/{k}": v for k, v in _flat(record["dev"]).items()}
+    out = {f"dev/{k}": v for k, v in flat_metrics(record["dev"]).items()}
     three = record.get("three_subset") or {}
     if isinstance(three.get("mean"), (int, float)):        # multi-task runs have one per task
         out["dev/three_subset_mean"] = three["mean"]
@@ -81,12 +81,12 @@ def epoch_scalars(record: dict, label_stats: dict | None, examples_per_s: float)
     return out
 
 
-def _flat(metrics: dict, prefix: str = "") -> dict:
+def flat_metrics(metrics: dict, prefix: str = "") -> dict:
     """{RTE: {accuracy: ..}, score: ..} -> {RTE/accuracy: .., score: ..} (multi-task dev)."""
     out = {}
     for k, v in metrics.items():
         if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}/"))
+            out.update(flat_metrics(v, f"{prefix}{k}/"))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"{prefix}{k}"] = v
     return out

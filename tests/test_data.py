@@ -179,16 +179,6 @@ def test_collate_without_optional_fields():
     assert batch["labels"].dtype == torch.float32
 
 
-def test_make_loader_yields_collated_batches(tok):
-    ex = encode(tok, make_split(SINGLE * 3, labels=[0, 1, 0] * 3), 32, False)
-    batches = [[0, 4], [8, 1, 2], [3, 5, 6, 7]]
-    got = list(data.make_loader(ex, batches, tok.pad_token_id))
-    assert [b["rows"].tolist() for b in got] == batches
-    for b, idx in zip(got, batches):
-        ref = collate(ex, idx, tok.pad_token_id)
-        assert all(torch.equal(b[k], ref[k]) for k in ref)
-
-
 # --------------------------------------------------------------------------- batching
 
 def check_partition(batches, n, batch_size):

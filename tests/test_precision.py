@@ -4,11 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-import kit.train as train
+from kit import loop
 from kit.config import RunConfig
 from kit.data import collate, encode, load_task_data
+from kit.loop import make_accelerator as _accelerator
+from kit.loop import predict_logits as _predict_logits
+from kit.loop import resolve_precision
 from kit.models import HeadSpec, SequenceModel, load_backbone
-from kit.train import _accelerator, _loss_terms, _predict_logits, fit, resolve_precision
+from kit.train import fit
+from kit.train import loss_terms as _loss_terms
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU branch of auto")
 
@@ -34,7 +38,7 @@ def test_resolve_precision(requested, cuda, cuda_bf16, cpu_bf16, want):
 ])
 def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch, caps, want):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-    assert train.cpu_has_native_bf16() is want
+    assert loop.cpu_has_native_bf16() is want
 
 
 @CPU_ONLY
@@ -42,7 +46,7 @@ def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch, caps, want):
 def test_auto_follows_the_detector_and_may_change_within_a_process(monkeypatch, native, want):
     """Three accelerators in a row in one process (bf16, fp32, bf16): accelerate's singleton
     state would refuse the second without the reset."""
-    monkeypatch.setattr(train, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: native)
     assert _accelerator(RunConfig()).mixed_precision == want
     assert _accelerator(RunConfig(mixed_precision="no")).mixed_precision == "no"
 

@@ -127,13 +127,13 @@ def test_bad_prediction_files_are_named(tmp_path, task, text, needle):
 
 
 def test_the_training_loops_test_files_are_accepted(tmp_path):
-    """What kit.train writes for test splits (label strings, STS-B floats) reads back."""
-    from kit.train import _write_test_predictions
+    """What the training loop (kit.runs) writes for test splits (label strings, STS-B floats) reads back."""
+    from kit.runs import predictions_dir, write_test_predictions
     for task, preds in (("MNLI", np.array([0, 1, 2])), ("STS-B", np.array([0.5, 4.25, 3.0])),
                         ("QNLI", np.array([1, 0, 1]))):
         info = GLUE_TASKS[task]
         split = Split(["a"] * 3, ["b"] * 3, None, ["7", "8", "9"], "fixture")
-        _write_test_predictions(tmp_path, info, info.test_splits[0], split, preds)
+        write_test_predictions(predictions_dir(tmp_path), info, info.test_splits[0], split, preds)
         frame = submission.read_test_predictions(
             tmp_path / "predictions" / f"{info.test_splits[0]}.tsv", task)
         assert list(frame["index"]) == ["7", "8", "9"]

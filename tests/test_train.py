@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kit.config import RunConfig
+from kit.loop import NonFiniteLoss
 from kit.train import fit, run_dir_of
 
 TINY = dict(task="synthetic", model="tiny", synthetic_size=400, epochs=2, lr=5e-3,
@@ -79,7 +80,7 @@ def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
     import kit.train as train
     monkeypatch.setattr(train, "target_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True))
     cfg = RunConfig(**TINY, outputs_dir=str(tmp_path))
-    with pytest.raises(train.NonFiniteLoss, match="epoch 0 step 0"):
+    with pytest.raises(NonFiniteLoss, match="epoch 0 step 0"):
         fit(cfg)
     record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("NonFiniteLoss")

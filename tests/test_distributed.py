@@ -1,0 +1,117 @@
+"""Data-parallel runs: 2 CPU processes (gloo), through the entry points a user would use
+(`python -m kit.batch PROFILE --processes 2`, `torchrun -m kit.train config.json`).
+
+What must equal a 1-process run exactly: the SSA labels drawn from the same weights (epoch 0
+probes the initial model when ssa_start_epoch is 0), global counts (steps, examples), one set
+of files. What cannot (each rank has its own dropout stream, DDP sums gradients in another
+order): the trained weights, so the dev metric only within a stated tolerance.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kit.config import RunConfig
+from kit.runs import run_dir_of
+from kit.train import fit
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SSA_KIT_PROGRESS": "off"}
+SSA = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=160, epochs=1, lr=5e-3,
+           batch_size=16, ssa_start_epoch=0, save_labels=True, report_to=("none",))
+DEV_TOLERANCE = 0.15       # accuracy points of a 40-row dev set, tiny random model
+
+
+def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):
+    path = tmp_path / f"{cfg.run_id}.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={n}", "-m", "kit.train", str(path)]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+
+
+def labels(cfg: RunConfig, epoch: int = 0):
+    blob = torch.load(run_dir_of(cfg) / "ssa_labels" / f"epoch{epoch}.pt", weights_only=False)
+    return blob["epoch_set"]
+
+
+def test_ssa_h_on_two_processes_through_the_batch_runner(tmp_path):
+    one = fit(RunConfig(**SSA, outputs_dir=str(tmp_path / "one")))
+    profile = tmp_path / "ddp.yaml"
+    profile.write_text("grid:\n" + "".join(f"  {k}: {json.dumps(list(v) if isinstance(v, tuple) else v)}\n"
+                                          for k, v in SSA.items()))
+    out = tmp_path / "two"
+    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
+                           "--processes", "2"], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 ok, 0 skipped, 0 failed" in proc.stdout
+    cfg = RunConfig(**SSA, outputs_dir=str(out.resolve()), profile="ddp")
+    two = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert two["status"] == "ok" and two["processes"] == 2 and one["processes"] == 1
+    # global counts, identical to one process
+    assert two["train_examples"] == one["train_examples"]
+    assert len(two["epochs"]) == len(one["epochs"]) == 1
+    # the SSA labels of epoch 0 (probed from the same initial weights): bit for bit
+    a, b = labels(RunConfig(**SSA, outputs_dir=str(tmp_path / "one"))), labels(cfg)
+    assert [x.tolist() for x in a["ssa_labels"]] == [x.tolist() for x in b["ssa_labels"]]
+    assert [x.tolist() for x in a["input_ids"]] == [x.tolist() for x in b["input_ids"]]
+    strip = {k: v for k, v in one["ssa_labels"][0].items() if k != "wall_s"}
+    assert strip == {k: v for k, v in two["ssa_labels"][0].items() if k != "wall_s"}
+    # written once: one history row per logging step, one prediction per dev row
+    run = run_dir_of(cfg)
+    history = (run / "history.csv").read_text().splitlines()
+    assert len(history) - 1 == len((run_dir_of(RunConfig(**SSA, outputs_dir=str(tmp_path / "one")))
+                                    / "history.csv").read_text().splitlines()) - 1
+    dev_rows = (run / "predictions" / "dev.tsv").read_text().splitlines()
+    assert len(dev_rows) - 1 == 40 and len({r.split("\t")[0] for r in dev_rows[1:]}) == 40
+    assert abs(two["best_dev"]["accuracy"] - one["best_dev"]["accuracy"]) <= DEV_TOLERANCE
+
+
+@pytest.mark.parametrize("extra", [
+    dict(method="bert-mask", guide_loss="task+both", epochs=2),           # augmentation + guiding
+    dict(method="gated", task="multitask", tasks=("RTE", "WNLI"), max_train_examples=32,
+         epochs=3, gate_start_epoch=1, freeze_qkv_epoch=2),                 # multi-task, stages
+])
+def test_other_method_families_train_on_two_processes(tmp_path, extra):
+    cfg = RunConfig(**{**SSA, "method": "bert", "save_labels": False, **extra},
+                    outputs_dir=str(tmp_path))
+    two = torchrun(cfg, tmp_path)
+    assert two["status"] == "ok" and two["processes"] == 2
+    one = fit(RunConfig(**{**cfg.to_dict(), "outputs_dir": str(tmp_path / "one")}))
+    assert two["train_examples"] == one["train_examples"]
+    assert [e.get("task_batches") for e in two["epochs"]] == [e.get("task_batches")
+                                                             for e in one["epochs"]]
+
+
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path):
+    base = {**SSA, "synthetic_size": 2000, "epochs": 3, "save_labels": False}
+    killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
+    proc = torchrun(killed, tmp_path, wait=False)
+    state = run_dir_of(killed) / "checkpoint" / "last" / "trainer_state.pt"
+    started = time.time()
+    while not state.exists():
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.time() - started < 300
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir_of(killed) / "metrics.json").exists()
+    resumed = torchrun(killed, tmp_path)
+    straight = torchrun(RunConfig(**base, outputs_dir=str(tmp_path / "straight")), tmp_path)
+    assert resumed["resumed_after_epoch"] is not None and straight["resumed_after_epoch"] is None
+    drop = ("wall_s",)
+    same = lambda rows: [{k: v for k, v in r.items() if k not in drop} for r in rows]  # noqa: E731
+    assert same(resumed["epochs"]) == same(straight["epochs"])
+    assert same(resumed["ssa_labels"]) == same(straight["ssa_labels"])
