@@ -210,3 +210,24 @@ def test_multitask_models_build_or_say_why_in_one_line(folders, family):
         out = model(enc["input_ids"], enc["attention_mask"],
                     token_type_ids=enc.get("token_type_ids"), task=1)
     assert out["logits"].shape == (2, 2)
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_multitask_fit_runs_or_records_the_one_line_error(folders, family, tmp_path):
+    """Gated-BERT on RTE + WNLI pairs: trains on RoBERTa (byte-level BPE, no token_type_ids);
+    on DistilBERT the run stops before training and metrics.json holds the one line."""
+    from kit.models import ModelError
+    cfg = RunConfig.from_dict(dict(
+        task="multitask", tasks=("RTE", "WNLI"), method="gated", model=str(folders[family]),
+        max_train_examples=32, epochs=1, max_length=32, batch_size=16, save_checkpoints=False,
+        glue_dir=str(REPO / "data" / "glue"), outputs_dir=str(tmp_path)))
+    if family in MULTITASK_OK:
+        metrics = fit(cfg)
+        assert metrics["status"] == "ok" and {"RTE/score", "WNLI/score"} <= set(metrics["best_dev"])
+        return
+    with pytest.raises(ModelError):
+        fit(cfg)
+    record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert record["status"] == "failed" and record["error"] == (
+        "ModelError: DistilBertModel: embert/gated need a BERT-style encoder "
+        "(encoder.layer[i].attention.self.query/key/value)")
