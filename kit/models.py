@@ -383,15 +383,25 @@ def save_model(model, tokenizer, folder: Path) -> None:
 
 
 def read_backbone(folder: Path, eager_attention: bool = False):
-    """An encoder built from a checkpoint folder's config.json (random weights: `load_weights`
-    fills them). Built inside a forked RNG: loading never moves the run's random streams."""
+    """The encoder of a checkpoint folder, from its config.json (with the real model_type of a
+    kit-only folder) and model.safetensors; `load_weights` then sets every tensor of the whole
+    model exactly. Transformers' load report is silenced: it lists the sentence head's names as
+    unexpected (and RoBERTa's pooler, stored as classifier.dense, as missing), which
+    load_weights resolves and checks. In a forked RNG: loading never moves the run's random
+    streams."""
     from transformers import CONFIG_MAPPING, AutoModel
+    from transformers.utils import logging as hf_logging
     data = json.loads((folder / "config.json").read_text())
     data["model_type"] = data.pop(KIT_MODEL_TYPE, data["model_type"])
     config = CONFIG_MAPPING[data["model_type"]].from_dict(data)
-    with torch.random.fork_rng(devices=[]):
-        return AutoModel.from_config(config,
-                                     attn_implementation=attn_implementation(eager_attention))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return AutoModel.from_pretrained(folder, config=config, attn_implementation=
+                                             attn_implementation(eager_attention))
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def load_weights(model, folder: Path) -> None:

@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated text column(s); default: the run's task columns")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()                 # "Loading weights" bars on stderr
     try:
         checkpoint_folder(args.run_dir)
         columns = (tuple(c.strip() for c in args.text_columns.split(",") if c.strip())
