@@ -184,7 +184,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
     def predict(examples: Examples, desc: str = "eval") -> np.ndarray:
         return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc)
 
-    progress = (runs.resume(model, optimizer, run_dir, job.load)
+    progress = (runs.resume(unwrapped, optimizer, run_dir, job.load)
                 if cfg.save_checkpoints else None) or runs.Progress()
     job.resumed(progress.epoch)
     if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names

@@ -35,10 +35,21 @@ def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):
            f"--nproc_per_node={n}", "-m", "kit.train", str(path)]
     if not wait:
         return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL)
     proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+
+
+def kill_all(config: Path) -> None:
+    """SIGKILL every process started for `config` (torchrun puts its workers in sessions of
+    their own, so killing its process group would leave them running)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if str(config).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
 
 
 def labels(cfg: RunConfig, epoch: int = 0):
@@ -105,7 +116,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path)
         assert proc.poll() is None, "the run ended before its first checkpoint"
         assert time.time() - started < 300
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_all(tmp_path / f"{killed.run_id}.json")    # torchrun and its workers: a preemption
     proc.wait()
     assert not (run_dir_of(killed) / "metrics.json").exists()
     resumed = torchrun(killed, tmp_path)
