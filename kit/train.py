@@ -20,7 +20,8 @@ import torch
 from kit import loop, runs
 from kit import metrics as kmetrics
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
-from kit.data import encode, length_grouped_batches, load_task_data, random_batches
+from kit.data import (encode, length_grouped_batches, load_task_data, random_batches,
+                      token_cache_dir)
 from kit.guiding import guiding_loss
 from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, save_model, ssa_loss,
                         target_loss)
@@ -52,8 +53,9 @@ class SingleTask(loop.Job):
                         labels=None if task.regression else list(task.labels))
         self.model = SequenceModel(backbone, spec)
         self.pad_id = self.tokenizer.pad_token_id
-        self.train = encode(self.tokenizer, self.data.train, cfg.max_length, task.regression)
-        self.dev = {name: encode(self.tokenizer, split, cfg.max_length, task.regression)
+        cache = token_cache_dir(cfg.outputs_dir)    # a grid's points tokenize each split once
+        self.train = encode(self.tokenizer, self.data.train, cfg.max_length, task.regression, cache)
+        self.dev = {name: encode(self.tokenizer, split, cfg.max_length, task.regression, cache)
                     for name, split in self.data.dev.items()}
         self.has_test = bool(self.data.test)
 
@@ -89,7 +91,8 @@ class SingleTask(loop.Job):
         cfg, task = self.cfg, self.tasks[0]
         for name, split in self.data.test.items():
             preds = loop.to_predictions(
-                predict(encode(self.tokenizer, split, cfg.max_length, task.regression)),
+                predict(encode(self.tokenizer, split, cfg.max_length, task.regression,
+                               token_cache_dir(cfg.outputs_dir))),
                 task.regression)
             if not write:
                 continue

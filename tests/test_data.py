@@ -408,3 +408,14 @@ def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
     assert_same_examples(got, encode(tok, split, 128, regression=False))
     assert_same_examples(Examples(*data._load_tokens(path), labels=got.labels), got)
 
+
+
+def test_the_second_run_of_a_grid_reads_its_splits_from_the_token_cache(tmp_path, monkeypatch):
+    from kit.train import fit
+    base = dict(task="synthetic", model="tiny", synthetic_size=64, epochs=1,
+                save_checkpoints=False, outputs_dir=str(tmp_path))
+    first = fit(RunConfig(**base, seed=0))
+    assert len(list(data.token_cache_dir(tmp_path).glob("*.npz"))) == 2       # train, dev
+    monkeypatch.setattr(data, "_tokenize", lambda *a: pytest.fail("tokenized again"))
+    second = fit(RunConfig(**base, seed=1))
+    assert first["status"] == second["status"] == "ok"
