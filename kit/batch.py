@@ -30,7 +30,7 @@ from kit.data import glue_source, load_task_data
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError, hub_unreachable
 from kit.tasks import GLUE_TASKS
-from kit.runs import finished_metrics, record_failed, run_dir_of
+from kit.runs import finished_metrics, read_metrics, record_failed, run_dir_of
 
 # Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
 # nbclient stops the kernel) are not about the run: keep only the kernel's critical errors.
@@ -154,7 +154,7 @@ def _run_notebook(pm, profile: Profile, cfg: RunConfig, output: Path) -> tuple[s
 def _failed(cfg: RunConfig, detail: str) -> tuple[str, str]:
     """The run's own failure record, or one for a process that died before writing it."""
     try:
-        recorded = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+        recorded = read_metrics(run_dir_of(cfg)) or {}
     except (OSError, ValueError):
         recorded = {}
     if recorded.get("status") != "failed":

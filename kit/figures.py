@@ -9,7 +9,6 @@ atomically). Only the case study reads more than numbers: it loads the runs' bes
 """
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit import runs
 from kit.report import METHOD_LABELS, collect_runs, score_scale
 
 GAMMA_METHODS = ("bert-mask", "ssa-co", "ssa-h")
@@ -211,9 +211,9 @@ def gamma_figure(outputs_dir: str | os.PathLike = "outputs", profile: str | None
 def load_history(run_dir: str | os.PathLike) -> pd.DataFrame:
     """A run's history.csv (one row per logging window: step, epoch, wall_s, loss terms, lr)."""
     path = Path(run_dir) / "history.csv"
-    if not path.exists():
+    history = runs.read_history(run_dir)
+    if history is None:
         raise ValueError(f"{path} not found: the run logged no training step")
-    history = pd.read_csv(path)
     missing = {"step", "wall_s", "loss"} - set(history.columns)
     if missing:
         raise ValueError(f"{path}: no column(s) {', '.join(sorted(missing))}")
@@ -317,11 +317,10 @@ def cost_figure(outputs_dir: str | os.PathLike = "outputs", profile: str | None 
 # ---------------------------------------------------------------- SSA label quality
 
 def _read_metrics(run_dir: str | os.PathLike) -> dict:
-    path = Path(run_dir) / "metrics.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read ({err})") from None
+    metrics = runs.read_metrics(run_dir)
+    if metrics is None:
+        raise ValueError(f"{Path(run_dir) / 'metrics.json'}: not found (the run has not ended)")
+    return metrics
 
 
 def label_quality(runs: pd.DataFrame, methods: Sequence[str] = LABEL_METHODS) -> pd.DataFrame:
@@ -426,7 +425,7 @@ def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[
     from kit.models import load_trained
     from kit.tasks import get_task
     run_dir = Path(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())
+    config = runs.read_config(run_dir) or {}
     task = get_task(config["task"]) if config.get("task", "csv") != "csv" else None
     model, tokenizer = load_trained(run_dir / "checkpoint" / "best", eager_attention=True)
     rows = []
@@ -486,7 +485,7 @@ def case_study_data(vanilla_dir: str | os.PathLike, ssa_dir: str | os.PathLike,
             if prefix == "vanilla" and column in ("weight", "p_important"):
                 continue
             data[f"{prefix}_{column}"] = frame[column].to_numpy()
-    configs = [json.loads((Path(d) / "config.json").read_text()) for d in (vanilla_dir, ssa_dir)]
+    configs = [runs.read_config(d) or {} for d in (vanilla_dir, ssa_dir)]
     return data.assign(task=configs[0].get("task"), model=configs[0].get("model"),
                        vanilla_seed=configs[0].get("seed"), ssa_seed=configs[1].get("seed"))
 

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from kit import loop, runs
 from kit import metrics as kmetrics

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from kit import io as kio
+from kit import runs
 from kit.data import collate, encode, sorted_batches
 from kit.models import SPEC, ModelError, SequenceModel, load_trained
 from kit.readers import DataError
@@ -45,7 +46,7 @@ def checkpoint_folder(run_dir: str | Path) -> Path:
 
 def run_text_columns(run_dir: str | Path) -> tuple[str, ...]:
     """The text columns of the run's task: csv_text_columns for a CSV run, else the task's."""
-    config = json.loads((Path(run_dir) / "config.json").read_text())
+    config = runs.read_config(run_dir)
     if config["task"].lower() == "csv":
         columns = config["csv_text_columns"]
         return (columns,) if isinstance(columns, str) else tuple(columns)

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit import runs
 from kit.config import ConfigError, RunConfig
 from kit.metrics import heldout_epoch
 from kit.paper_results import PAPER_TASKS, paper_profile
@@ -37,17 +38,6 @@ _BASE_COLUMNS = ("run_id", "task", "model", "method", "seed", "status", "error",
 
 # ---------------------------------------------------------------- collecting run folders
 
-def _read_json(path: Path) -> dict:
-    """A JSON object from disk, or a one-line error naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: corrupt JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _scalars(config: dict) -> dict:
     """config.json as flat scalar columns (nested keys joined with "."; lists are left out), so
     hyper-parameters such as lr, alpha, gamma can be grouped on."""
@@ -59,11 +49,11 @@ def _run_rows(run_dir: Path) -> list[dict]:
     """The run's row; a multi-task run (metrics `per_task`) gives one row per task instead, so
     EmBERT / Gated sit next to the single-task methods in every per-task table."""
     row = _run_row(run_dir)
-    metrics_path = run_dir / "metrics.json"
-    per_task = _read_json(metrics_path).get("per_task") if metrics_path.exists() else None
+    metrics = runs.read_metrics(run_dir) or {}
+    per_task = metrics.get("per_task")
     if not per_task:
         return [row]
-    three = _read_json(metrics_path).get("per_task_three_subset") or {}
+    three = metrics.get("per_task_three_subset") or {}
     shared = {k: v for k, v in row.items() if "/" not in k}
     return [{**shared, "task": name, **values, "multitask_run": row["run_id"],
              "three_subset_mean": three.get(name, {}).get("mean"),
@@ -73,10 +63,10 @@ def _run_rows(run_dir: Path) -> list[dict]:
 
 def _run_row(run_dir: Path) -> dict:
     """One table row from one run folder (see `load_runs`)."""
-    config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.json"
-    config = _read_json(config_path) if config_path.exists() else {}
-    if metrics_path.exists():
-        metrics = _read_json(metrics_path)
+    metrics_path = run_dir / "metrics.json"
+    config = runs.read_config(run_dir) or {}
+    metrics = runs.read_metrics(run_dir)
+    if metrics is not None:
         if metrics.get("status") not in ("ok", "failed"):
             raise ValueError(f"{metrics_path}: status must be 'ok' or 'failed', "
                              f"got {metrics.get('status')!r}")
@@ -114,10 +104,10 @@ def _last_target_loss(run_dir: Path) -> float | None:
     """The target-task loss of the run's last logged window (history.csv `loss_target`, or
     `loss` where the method adds no term): comparable across methods, unlike `loss`, which for
     SSA is alpha * L_target + (1 - alpha) * L_SSA (and alpha * L_target before SSA starts)."""
-    path = run_dir / "history.csv"
-    if not path.exists():
+    history = runs.read_history(run_dir)
+    if history is None:
         return None
-    last = pd.read_csv(path).iloc[-1:]
+    last = history.iloc[-1:]
     column = "loss_target" if "loss_target" in last.columns else "loss"
     return float(last[column].iloc[0]) if len(last) and column in last.columns else None
 
@@ -270,11 +260,10 @@ def oof_predictions(run_dirs: str | os.PathLike | Iterable[str | os.PathLike],
         run_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     frames = []
     for run_dir in map(Path, run_dirs):
-        config_path, metrics_path = run_dir / "config.json", run_dir / "metrics.json"
-        if not (config_path.exists() and metrics_path.exists()):
+        config, metrics = runs.read_config(run_dir), runs.read_metrics(run_dir)
+        if config is None or metrics is None:
             continue
-        config = _read_json(config_path)
-        if int(config.get("n_folds") or 0) < 2 or _read_json(metrics_path).get("status") != "ok":
+        if int(config.get("n_folds") or 0) < 2 or metrics.get("status") != "ok":
             continue
         path = run_dir / "predictions" / ("dev.tsv" if epoch is None else f"dev_epoch{epoch}.tsv")
         if not path.exists():

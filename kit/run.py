@@ -28,6 +28,7 @@ import yaml
 
 from kit import batch
 from kit import progress as kprogress
+from kit import runs
 from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig
 from kit.profiles import REPO, Profile, _Loader
 from kit.readers import DataError
@@ -130,9 +131,8 @@ def summary(status: str, detail: str, cfg: RunConfig) -> str:
     """What the terminal shows at the end: status, run folder and best dev metrics."""
     run_dir = run_dir_of(cfg)
     lines = [f"{cfg.run_id}: {status}" + (f" ({detail})" if detail else ""), f"  {run_dir}"]
-    metrics_path = run_dir / "metrics.json"
-    if status in ("ok", "skipped") and metrics_path.exists():
-        metrics = json.loads(metrics_path.read_text())
+    metrics = runs.read_metrics(run_dir)
+    if status in ("ok", "skipped") and metrics is not None:
         best = {k: round(v, 4) for k, v in (metrics.get("best_dev") or {}).items()
                 if isinstance(v, (int, float))}
         lines.append(f"  best epoch {metrics.get('best_epoch')}: {best}")

@@ -8,7 +8,8 @@
     checkpoint/        best and last (kit.models.save_model layout); last also holds the loop state
     notebook.ipynb     written by kit.batch
 
-Every writer of a run folder is here, and only the main process writes (several processes of
+Every reader and writer of a run folder is here (torch is imported only where checkpoints are
+read or written: tables and figures run without it), and only the main process writes (several processes of
 one data-parallel run share it). A finished run (metrics.json status ok) is never rerun or
 overwritten; a lock keeps two processes from training one config at once.
 """
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
+import pandas as pd
 
 from kit import io as kio
 from kit.config import RunConfig
@@ -47,10 +48,41 @@ def run_dir_of(cfg: RunConfig) -> Path:
 def finished_metrics(cfg: RunConfig) -> dict | None:
     """The metrics of an earlier run of this exact config that ended ok, if any."""
     try:
-        done = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+        done = read_metrics(run_dir_of(cfg))
     except (OSError, ValueError):
         return None
-    return done if done.get("status") == "ok" else None
+    return done if done and done.get("status") == "ok" else None
+
+
+# ---------------------------------------------------------------- reading a run folder
+
+def read_json(path: Path) -> dict:
+    """A JSON object from disk, or a one-line ValueError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: corrupt JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_config(run_dir: str | Path) -> dict | None:
+    """The run's config.json, None when it has none (not a run folder)."""
+    path = Path(run_dir) / "config.json"
+    return read_json(path) if path.exists() else None
+
+
+def read_metrics(run_dir: str | Path) -> dict | None:
+    """The run's metrics.json, None while it runs (or was killed before the end)."""
+    path = Path(run_dir) / "metrics.json"
+    return read_json(path) if path.exists() else None
+
+
+def read_history(run_dir: str | Path) -> pd.DataFrame | None:
+    """history.csv (step, epoch, wall_s, loss terms, lr), None before the first logged step."""
+    path = Path(run_dir) / "history.csv"
+    return pd.read_csv(path) if path.exists() else None
 
 
 def base_record(cfg: RunConfig) -> dict:
@@ -115,6 +147,7 @@ def run_recorded(cfg: RunConfig, body) -> dict:
 def process_state():
     """accelerate's process state (one process, or a rank of torchrun / accelerate launch).
     Without a GPU, ranks are CPU processes (gloo): accelerate needs to be told (cpu=True)."""
+    import torch
     from accelerate import PartialState
     return PartialState(cpu=not torch.cuda.is_available())
 
@@ -145,6 +178,7 @@ class Progress:
 
 
 def _rng_state() -> dict:
+    import torch
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
             "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -165,6 +199,7 @@ def resume(model, optimizer, run_dir: Path, load) -> Progress | None:
     """Load the last checkpoint's weights (read with `load`), optimizer, RNG and loop state, if
     there is one. SSA labels need no saving: they are regenerated from the restored model and
     the (seed, epoch)-seeded generator, exactly as the uninterrupted run drew them."""
+    import torch
     last = run_dir / "checkpoint" / "last"
     # a kill between the two renames of _save_atomic leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if (f / STATE_FILE).exists()), None)
@@ -190,6 +225,7 @@ def resume(model, optimizer, run_dir: Path, load) -> Progress | None:
 
 def _save_atomic(save, model, tokenizer, folder: Path, state: dict | None = None) -> None:
     """Write into a sibling temp folder, then swap it in: a crash never leaves a half checkpoint."""
+    import torch
     tmp = folder.with_name(folder.name + ".tmp")
     old = folder.with_name(folder.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)

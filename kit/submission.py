@@ -23,7 +23,6 @@ for classification the most common class, ties to the first class in sorted orde
 from __future__ import annotations
 
 import io
-import json
 import os
 import zipfile
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit import runs
 from kit.tasks import GLUE_TASKS, get_task
 
 # (task, test split) -> the file name the GLUE server expects.
@@ -205,13 +205,11 @@ def write_csv_submission(path: str | os.PathLike, ids: Sequence[str], prediction
 
 def _fold_submission(run_dir: Path) -> tuple[dict, pd.DataFrame] | None:
     """(config, submission) of a finished run with a submission.csv, else None."""
-    paths = [run_dir / name for name in ("config.json", "metrics.json", "submission.csv")]
-    if not all(p.exists() for p in paths):
+    config, metrics = runs.read_config(run_dir), runs.read_metrics(run_dir)
+    path = run_dir / "submission.csv"
+    if config is None or (metrics or {}).get("status") != "ok" or not path.exists():
         return None
-    if json.loads(paths[1].read_text()).get("status") != "ok":
-        return None
-    config = json.loads(paths[0].read_text())
-    frame = pd.read_csv(paths[2], dtype=str, keep_default_na=False)   # ids and classes as text
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)   # ids and classes as text
     return config, frame
 
 

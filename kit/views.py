@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from kit import runs
+
 
 def epoch_table(metrics: dict) -> pd.DataFrame:
     """Dev metrics per epoch (plus SSA label statistics where there are any)."""
@@ -23,7 +25,7 @@ def epoch_table(metrics: dict) -> pd.DataFrame:
 def plot_loss(run_dir: str | Path, ax=None):
     """Training loss terms against steps, from history.csv."""
     import matplotlib.pyplot as plt
-    history = pd.read_csv(Path(run_dir) / "history.csv")
+    history = runs.read_history(run_dir)
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     for column in [c for c in history.columns if c.startswith("loss")]:

@@ -132,3 +132,10 @@ def test_two_batches_on_one_profile_at_once(tmp_path):
     assert sum(int(skipped) for _, skipped in counts) == 4
     for notebook in outputs.rglob("notebook.ipynb"):     # the winner's notebook, whole
         assert json.loads(notebook.read_text())["cells"]
+    # what a terminal / CI log shows (stdout and stderr, not a TTY): each run's progress lines
+    # from inside its kernel, and none of the kernel's own log lines
+    text = "\n".join(outs)
+    assert "IPKernelApp" not in text and "without encryption" not in text
+    assert "KeyboardInterrupt" not in text and "\r" not in text
+    for line in ("epoch 0/1: dev accuracy", "epoch 1/1: dev accuracy", ": started"):
+        assert text.count(line) >= 4, line                 # every run, whichever batch ran it
