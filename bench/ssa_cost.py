@@ -149,11 +149,11 @@ def precision_ratios(rows: list[dict]) -> list[str]:
         first, *others = list(got)
         for other in others:
             a, b = got[first], got[other]
+            probe = common.ratio(a.get("probe_forwards_per_s"), b.get("probe_forwards_per_s"))
             lines.append(
                 f"- {name}: {first} / {other}: train ex/s x"
                 f"{common.ratio(a['train_examples_per_s'], b['train_examples_per_s'])}, probe "
-                f"fwd/s x{common.ratio(a.get('probe_forwards_per_s'), b.get('probe_forwards_per_s'))}"
-                f", total time x{common.ratio(a['total'], b['total'])}")
+                f"fwd/s x{probe}, total time x{common.ratio(a['total'], b['total'])}")
     return lines
 
 

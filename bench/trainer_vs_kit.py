@@ -256,10 +256,11 @@ def report(args, results: list[dict], padding: dict) -> None:
         got = {r["contender"]: r for r in results if r["round"] == round_}
         for name, other in got.items():
             if name != first and first in got:
-                lines.append(f"- round {round_}: {first} / {name}: throughput x"
-                             f"{common.ratio(got[first]['examples_per_s'], other['examples_per_s'])}"
-                             f", peak memory x"
-                             f"{common.ratio(common.memory_mb(got[first]), common.memory_mb(other))}")
+                a = got[first]
+                speed = common.ratio(a["examples_per_s"], other["examples_per_s"])
+                memory = common.ratio(common.memory_mb(a), common.memory_mb(other))
+                lines.append(f"- round {round_}: {first} / {name}: throughput x{speed}, "
+                             f"peak memory x{memory}")
     if lines:
         print(f"\nratios {first} / each other contender of the same round (throughput above 1: "
               f"{first} is faster):\n" + "\n".join(lines))

@@ -412,8 +412,8 @@ def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
 
 def test_the_second_run_of_a_grid_reads_its_splits_from_the_token_cache(tmp_path, monkeypatch):
     from kit.train import fit
-    base = dict(task="synthetic", model="tiny", synthetic_size=64, epochs=1,
-                save_checkpoints=False, outputs_dir=str(tmp_path))
+    base = {"task": "synthetic", "model": "tiny", "synthetic_size": 64, "epochs": 1,
+            "save_checkpoints": False, "outputs_dir": str(tmp_path)}
     first = fit(RunConfig(**base, seed=0))
     assert len(list(data.token_cache_dir(tmp_path).glob("*.npz"))) == 2       # train, dev
     monkeypatch.setattr(data, "_tokenize", lambda *a: pytest.fail("tokenized again"))
