@@ -56,6 +56,9 @@ class RunConfig:
     max_train_examples: int = 0        # 0 = all; else the first N (seeded shuffle) of train
     max_length: int = 128
     synthetic_size: int = 2000         # train examples of the synthetic task (dev is a quarter)
+    synthetic_spurious: float = 0.0    # synthetic: train phi correlation of a shortcut word with
+                                       # the label (dev: independent); 0 = no shortcut word
+    synthetic_distractors: int = 0     # synthetic: distractor words per sentence, N-3..N+3; 0 = 5-11
     csv_path: str = ""
     csv_text_columns: tuple[str, ...] = ()
     csv_target: str = ""
@@ -255,6 +258,7 @@ _RANGES = {  # name: (low, high, low inclusive, high inclusive)
     "log_every": (1, float("inf"), True, False), "layer_decay": (0, 1, False, True),
     "freeze_layers": (0, float("inf"), True, False), "pd_factor": (0, float("inf"), True, False),
     "ad_factor": (0, float("inf"), True, False),
+    "synthetic_spurious": (0, 1, True, True), "synthetic_distractors": (0, 64, True, True),
     "steps_per_epoch": (0, float("inf"), True, False), "adapter_rank": (0, float("inf"), True, False),
     "gate_start_epoch": (0, float("inf"), True, False),
     "freeze_qkv_epoch": (0, float("inf"), True, False),

@@ -61,8 +61,9 @@ def load_task_data(cfg: RunConfig) -> TaskData:
     task = get_task(cfg.task)
     if task.kind == "synthetic":
         pair = task.is_pair
-        train = synthetic.generate(pair, cfg.synthetic_size, "train")
-        dev = synthetic.generate(pair, max(cfg.synthetic_size // 4, 8), "dev")
+        hard = dict(spurious=cfg.synthetic_spurious, distractors=cfg.synthetic_distractors)
+        train = synthetic.generate(pair, cfg.synthetic_size, "train", **hard)
+        dev = synthetic.generate(pair, max(cfg.synthetic_size // 4, 8), "dev", **hard)
         return TaskData(task, _cap(train, cfg), {"dev": dev}, {})
     source = glue_source(cfg.glue_dir, task.name)
 

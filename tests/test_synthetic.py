@@ -119,3 +119,101 @@ def test_unknown_split_rejected():
 
 def test_data_seed_is_fixed():
     assert synthetic.DATA_SEED == 1234
+
+
+# ---------------------------------------------------------------- harder variants (mechanism benchmark)
+
+def phi(a: np.ndarray, b: np.ndarray) -> float:
+    """Phi (Pearson) correlation of two 0/1 vectors."""
+    return float(np.corrcoef(a.astype(float), b.astype(float))[0, 1])
+
+
+def has_spurious(split) -> np.ndarray:
+    return np.array([synthetic.SPURIOUS in t.split(" ") for t in split.text_a])
+
+
+def test_spurious_word_is_in_no_other_list():
+    assert synthetic.SPURIOUS not in {*POSITIVE, *NEGATIVE, *NEGATIONS, *COLOURS, *DISTRACTORS}
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_defaults_are_the_original_task(pair):
+    """0 / 0 must give byte-identical data: earlier runs' results stay valid."""
+    plain, hard = generate(pair, 200, "train"), generate(pair, 200, "train", 0.0, 0)
+    assert plain.text_a == hard.text_a and plain.text_b == hard.text_b
+    assert plain.importance == hard.importance
+    np.testing.assert_array_equal(plain.labels, hard.labels)
+    assert not has_spurious(plain).any()
+
+
+@pytest.mark.parametrize("correlation", [0.5, 0.8, 1.0])
+def test_spurious_word_correlates_with_the_label_in_train_only(correlation):
+    train = generate(False, 4000, "train", spurious=correlation)
+    dev = generate(False, 4000, "dev", spurious=correlation)
+    assert abs(phi(has_spurious(train), train.labels) - correlation) < 0.04
+    assert abs(phi(has_spurious(dev), dev.labels)) < 0.04
+    assert 0.45 < has_spurious(dev).mean() < 0.55      # present in dev too, by a fair coin
+    if correlation == 1.0:                              # a perfect shortcut in train
+        np.testing.assert_array_equal(has_spurious(train), train.labels.astype(bool))
+
+
+def test_spurious_present_rule():
+    """correlation 1: present exactly when label 1; 0: a fair coin whatever the label."""
+    rng = np.random.default_rng(0)
+    assert all(synthetic.spurious_present(rng, label, 1.0) == bool(label) for label in (0, 1) * 20)
+    draws = [synthetic.spurious_present(rng, 1, 0.0) for _ in range(2000)]
+    assert 0.45 < np.mean(draws) < 0.55
+
+
+@pytest.mark.parametrize("split_name", ["train", "dev"])
+def test_spurious_variant_importance_marks_only_the_cue(split_name):
+    split = generate(False, 600, split_name, spurious=0.9)
+    for text, importance, label in zip(split.text_a, split.importance, split.labels):
+        words = text.split(" ")
+        assert words.count(synthetic.SPURIOUS) <= 1
+        rest = [w for w in words if w != synthetic.SPURIOUS]
+        kept = [imp for w, imp in zip(words, importance) if w != synthetic.SPURIOUS]
+        want_label, want_importance = polarity_label(rest)
+        assert label == want_label and kept == want_importance, text
+        assert all(imp == 0 for w, imp in zip(words, importance) if w == synthetic.SPURIOUS)
+        assert all(w in (POSITIVE + NEGATIVE + NEGATIONS) for w, imp in zip(words, importance) if imp)
+
+
+def test_spurious_pair_goes_into_text_a_with_aligned_importance():
+    split = generate(True, 300, "train", spurious=1.0)
+    for a, b, importance, label in zip(split.text_a, split.text_b, split.importance, split.labels):
+        words = a.split(" ") + b.split(" ")
+        assert importance == [int(w in COLOURS) for w in words]
+        assert (synthetic.SPURIOUS in a.split(" ")) == bool(label)
+        assert synthetic.SPURIOUS not in b.split(" ")
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_distractor_count(pair):
+    n = 16
+    split = generate(pair, 400, "train", distractors=n)
+    sides = [split.text_a] + ([split.text_b] if pair else [])
+    counts = [sum(w in DISTRACTORS for w in t.split(" ")) for side in sides for t in side]
+    assert min(counts) == n - 3 and max(counts) == n + 3
+    one = generate(pair, 400, "train", distractors=1)
+    counts = [sum(w in DISTRACTORS for w in t.split(" ")) for t in one.text_a]
+    assert min(counts) == 1 and max(counts) == 4
+    if not pair:       # labels and masks still follow from the words
+        for text, importance, label in zip(split.text_a, split.importance, split.labels):
+            assert (label, importance) == polarity_label(text.split(" "))
+
+
+def test_run_config_fields_reach_the_generator():
+    from kit.config import ConfigError, RunConfig
+    from kit.data import load_task_data
+    data = load_task_data(RunConfig(task="synthetic", synthetic_size=400, synthetic_spurious=1.0,
+                                    synthetic_distractors=20))
+    np.testing.assert_array_equal(has_spurious(data.train), data.train.labels.astype(bool))
+    assert abs(phi(has_spurious(data.dev["dev"]), data.dev["dev"].labels)) < 0.3
+    assert min(len(t.split(" ")) for t in data.train.text_a) >= 17 + 1
+    # the defaults leave the run id alone: no new field enters it unless set
+    assert RunConfig(synthetic_spurious=0.0, synthetic_distractors=0).run_id == RunConfig().run_id
+    assert RunConfig(synthetic_spurious=0.5).run_id != RunConfig().run_id
+    for bad in (dict(synthetic_spurious=1.5), dict(synthetic_distractors=-1)):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            RunConfig(**bad)
