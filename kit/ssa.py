@@ -138,6 +138,8 @@ class LabelStats:
     share_label1: float = 0.0
     cue_share_label1: float | None = None         # synthetic only: label-1 share on cue tokens
     distractor_share_label1: float | None = None  # ... and on distractor tokens
+    label1_precision: float | None = None  # synthetic: share of labelled-1 tokens that are cues
+    label1_recall: float | None = None     # ... share of labelled cue tokens labelled 1
     wall_s: float = 0.0
     reused: bool = False
 
@@ -153,11 +155,24 @@ class LabelStats:
             for name, want in (("cue_share_label1", 1), ("distractor_share_label1", 0)):
                 sel = labelled & (importance == want)
                 setattr(self, name, float((labels[sel] == 1).mean()) if sel.any() else None)
+            self.label1_precision, self.label1_recall = label_precision_recall(
+                labels[labelled], importance[labelled])
         self.wall_s = time.perf_counter() - started
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def label_precision_recall(labels: np.ndarray, importance: np.ndarray
+                           ) -> tuple[float | None, float | None]:
+    """SSA labels against the true importance mask, over labelled tokens only (unlabelled ones
+    carry no claim): precision = cues among the tokens labelled 1, recall = labelled cue tokens
+    labelled 1 (= cue_share_label1). None where the denominator is empty."""
+    said, true = labels == 1, importance == 1
+    precision = float(true[said].mean()) if said.any() else None
+    recall = float(said[true].mean()) if true.any() else None
+    return precision, recall
 
 
 def paper_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression: bool,

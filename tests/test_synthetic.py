@@ -217,3 +217,30 @@ def test_run_config_fields_reach_the_generator():
     for bad in (dict(synthetic_spurious=1.5), dict(synthetic_distractors=-1)):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             RunConfig(**bad)
+
+
+# ---------------------------------------------------------------- SSA labels against the true mask
+
+def test_label_precision_recall_by_hand():
+    from kit.ssa import label_precision_recall
+    labels = np.array([1, 1, 1, 0, 0, 1, 0])
+    truth = np.array([1, 0, 1, 1, 0, 0, 0])
+    # labelled 1: positions 0, 1, 2, 5 -> cues at 0, 2: precision 2/4; cues 0, 2, 3 -> 2/3
+    assert label_precision_recall(labels, truth) == (0.5, 2 / 3)
+    assert label_precision_recall(np.zeros(3, int), np.ones(3, int)) == (None, 0.0)
+    assert label_precision_recall(np.ones(2, int), np.zeros(2, int)) == (0.0, None)
+
+
+def test_label_stats_carry_precision_and_recall():
+    from kit.data import IGNORE, Examples
+    from kit.ssa import LabelStats
+    ssa = Examples(input_ids=[np.arange(5), np.arange(4)], token_type_ids=None,
+                   special=[np.zeros(5, bool), np.zeros(4, bool)], labels=np.array([0, 1]),
+                   ssa_labels=[np.array([IGNORE, 1, 0, 1, IGNORE]), np.array([1, IGNORE, 0, 0])],
+                   importance=[np.array([1, 1, 0, 0, 0]), np.array([0, 0, 1, 1])])
+    stats = LabelStats(epoch=1, rule="paper").finish(ssa, started=0.0)
+    # labelled (label, cue): (1,1) (0,0) (1,0) | (1,0) (0,1) (0,1): label 1 on 3 tokens, 1 a cue;
+    # 3 labelled cues, 1 labelled 1
+    assert stats.label1_precision == 1 / 3 and stats.label1_recall == 1 / 3
+    assert stats.cue_share_label1 == stats.label1_recall
+    assert stats.distractor_share_label1 == 2 / 3
