@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU benchmark in one command (a CUDA torch in .venv, GLUE_DIR set, no network needed):
+# The GPU benchmark in one command (a CUDA torch in .venv, no network needed; GLUE from data/glue):
 # a BERT-base-sized model built from its config with random weights, SST-2, bf16 autocast.
-#   GLUE_DIR=/path/to/glue bench/gpu.sh            # writes outputs/bench/gpu-*.json
+#   bench/gpu.sh                                   # writes outputs/bench/gpu-*.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -36,7 +36,7 @@ class LineBar(terminal_tqdm):
 
     def display(self, msg=None, pos=None):
         if msg == "":                  # tqdm clearing its bar: there is nothing to clear in a log
-            return True
+            return False               # (False: tqdm then writes no "\r" either)
         self.fp.write(f"{self if msg is None else msg}\n")
         self.fp.flush()
         self.printed = True

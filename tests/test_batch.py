@@ -251,7 +251,8 @@ def test_glue_files_resolve_parameter_then_env_then_project_then_hub(tmp_path, m
 
 
 def test_nothing_in_the_project_reads_the_shared_folder_beside_the_clone():
-    """A user's clone has no ../shared: code, tests, profiles, notebooks, CI must not use it."""
+    """A user's clone has nothing beside it: code, tests, profiles, notebooks, CI must not read
+    the shared folder next to this checkout."""
     needles = ["../" + "shared", "parents[2] / " + '"shared"', "shared/" + "glue",
                "shared/" + "reference"]
     roots = [REPO / d for d in ("kit", "tests", "params", "notebooks", "bench", ".ci")]

@@ -16,7 +16,8 @@ from kit.report import (load_runs, paper_table, select_by_best_dev, select_by_th
                         summary_table, write_tables)
 from kit.tables import budget_view, comparisons, epoch_table, runs_table
 
-# The paper's table rows, copied verbatim from its text into the project (tests read no ../shared).
+# The paper's table rows, copied verbatim from its text into the project (tests read nothing
+# outside the clone).
 PAPER_ROWS = Path(__file__).resolve().parent / "fixtures" / "ssa-paper-table-rows.tsv"
 
 
