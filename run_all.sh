@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one entry point.
 #   ./run_all.sh                  set-up if needed, then the default profile (demo)
-#   ./run_all.sh PROFILE [--shard i/n]   any profile in params/ (one slice of its grid with --shard)
+#   ./run_all.sh PROFILE [--shard i/n] [--processes N]   any profile in params/ (one slice of its
+#                                 grid with --shard; each run data-parallel on N processes)
+#   ./run_all.sh run task=RTE method=ssa-h ...   one run from the command line (kit.run --help)
 #   ./run_all.sh test             set-up if needed, then the test suite
 # Set-up: a virtual environment in .venv (override with VENV=...) holding torch and `pip install -e .`.
 # torch: CPU machines get the pinned CPU build ($TORCH_SPEC, default torch==2.13.0); GPU users
