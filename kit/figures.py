@@ -390,6 +390,48 @@ def label_quality_figure(outputs_dir: str | os.PathLike = "outputs",
     return plot_label_quality(label_quality(runs, methods))
 
 
+def plot_mechanism(scores: pd.DataFrame, labels: pd.DataFrame, title: str | None = None):
+    """The SSA mechanism benchmark (params/mechanism.yaml) in two panels. Left: dev accuracy per
+    method, one dot per seed, mean ± std bar (`scores`: method, seed, score as a fraction; any
+    method name, e.g. a guided BERT-r relabelled "bert+guide"). Right: the SSA labels against
+    the true importance mask per probed epoch, mean ± std over seeds (`labels`: method, epoch,
+    label1_precision, label1_recall, from metrics.json `ssa_labels`): does the head learn the
+    cue, or the shortcut the model already uses?"""
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    methods = _method_order(scores["method"].unique())
+    for i, method in enumerate(methods):
+        values = scores.loc[scores["method"] == method, "score"].to_numpy(float) * 100
+        jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else np.zeros(1)
+        left.scatter(i + jitter, values, s=14, alpha=0.6, color=_color(method, i),
+                     marker=_marker(method, i))
+        left.errorbar(i + 0.3, values.mean(), yerr=values.std(ddof=1) if len(values) > 1 else 0,
+                      fmt="_", markersize=14, capsize=4, color="black")
+    left.set_xticks(range(len(methods)), [METHOD_LABELS.get(m, m) for m in methods])
+    left.set_ylabel("dev accuracy (%)")
+    left.set_title(f"dev accuracy, {_seeds(scores)}")
+    left.grid(alpha=0.3, axis="y")
+    for i, method in enumerate(_method_order(labels["method"].unique())):
+        rows = labels[labels["method"] == method]
+        for column, style, what in (("label1_precision", "-", "precision"),
+                                    ("label1_recall", "--", "recall")):
+            stats = rows.groupby("epoch")[column].agg(["mean", "std"]).reset_index()
+            right.errorbar(stats["epoch"], stats["mean"], yerr=stats["std"].fillna(0),
+                           linestyle=style, marker=_marker(method, i), capsize=3,
+                           color=_color(method, i), label=f"{_label(method)}: {what}")
+    right.set_xticks(sorted(labels["epoch"].unique()))
+    right.set_ylim(-0.03, 1.03)
+    right.set_xlabel("epoch (labels from the model after the previous epoch)")
+    right.set_ylabel("SSA label 1 vs the true cue tokens")
+    right.set_title("label precision / recall against the importance mask")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------- Fig. 8: case study
 
 def find_run(runs: pd.DataFrame, method: str, seed: int | None = None) -> Path:
