@@ -255,11 +255,15 @@ def test_equal_steps_budget_trains_bert_rs_steps(tmp_path, budget, steps, exampl
     epoch 1 is a 400-row subsample: 13 + 13 steps, as BERT-r takes."""
     import torch
     from kit.train import fit, run_dir_of
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)              # restored: later tests compare runs across processes
     cfg = RunConfig(task="synthetic", model="tiny", method="bert-mask", synthetic_size=400,
                     epochs=2, batch_size=32, gamma=1.0, budget=budget, save_checkpoints=False,
                     log_every=1, outputs_dir=str(tmp_path))
-    metrics = fit(cfg)
+    try:
+        metrics = fit(cfg)
+    finally:
+        torch.set_num_threads(before)
     history = (run_dir_of(cfg) / "history.csv").read_text().splitlines()
     assert int(history[-1].split(",")[0]) == steps == len(history) - 1   # one row per step
     assert metrics["train_examples"] == examples

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from kit import batch
 from kit import io as kio
@@ -34,7 +35,11 @@ def comparable(metrics: dict) -> dict:
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     killed = RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "killed"))
     run = run_dir_of(killed)
-    script = f"from kit.config import RunConfig; from kit.train import fit; fit(RunConfig(**{killed.to_dict()!r}))"
+    # the same number of threads as this process: float sums depend on it, and the resumed
+    # and the straight run continue in this process
+    script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
+              f"from kit.config import RunConfig; from kit.train import fit; "
+              f"fit(RunConfig(**{killed.to_dict()!r}))")
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
