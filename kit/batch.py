@@ -30,7 +30,7 @@ from kit.data import glue_source, load_task_data
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError, hub_unreachable
 from kit.tasks import GLUE_TASKS
-from kit.runs import finished_metrics, read_metrics, record_failed, run_dir_of
+from kit.runs import finished_metrics, make_run_dir, read_metrics, record_failed, run_dir_of
 
 # Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
 # nbclient stops the kernel) are not about the run: keep only the kernel's critical errors.
@@ -108,12 +108,7 @@ def execute(profile: Profile, point: dict, processes: int = 1) -> tuple[str, str
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
         return "skipped", "finished earlier"
-    run_dir = run_dir_of(cfg)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise kio.OutputsError(f"cannot write to outputs folder {cfg.outputs_dir!r} "
-                               f"({err.strerror}); pass a writable --outputs") from None
+    run_dir = make_run_dir(cfg)
     with kio.FileLock(run_dir / ".batch.lock") as got:
         if not got:
             return "skipped", "running in another batch"

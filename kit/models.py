@@ -422,12 +422,18 @@ def load_weights(model, folder: Path) -> None:
                          f"{missing[:3]}, unexpected {unexpected[:3]})")
 
 
-def load_trained(folder: str | Path, eager_attention: bool = False) -> tuple[SequenceModel, object]:
-    """(model in eval mode, tokenizer) from a checkpoint folder of a single-task run."""
+def load_folder(folder: str | Path, spec_type, model_type, eager_attention: bool = False):
+    """(model in eval mode, tokenizer) from a checkpoint folder: its encoder, then
+    `model_type(encoder, spec_type(**head_spec.json))`, then the stored weights."""
     from transformers import AutoTokenizer
     folder = Path(folder)
-    spec = HeadSpec(**json.loads((folder / SPEC).read_text()))
+    spec = spec_type(**json.loads((folder / SPEC).read_text()))
     with torch.random.fork_rng(devices=[]):          # the heads' random init, overwritten below
-        model = SequenceModel(read_backbone(folder, eager_attention), spec)
+        model = model_type(read_backbone(folder, eager_attention), spec)
     load_weights(model, folder)
     return model.eval(), AutoTokenizer.from_pretrained(folder, config=model.backbone.config)
+
+
+def load_trained(folder: str | Path, eager_attention: bool = False) -> tuple[SequenceModel, object]:
+    """(model in eval mode, tokenizer) from a checkpoint folder of a single-task run."""
+    return load_folder(folder, HeadSpec, SequenceModel, eager_attention)

@@ -28,7 +28,6 @@ Differences from the released code (RunzeSu/Gated_bert), all deliberate:
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kit.models import SPEC, ModelError, load_weights, read_backbone
+from kit.models import ModelError, load_folder
 
 RELEASED_HIDDEN, RELEASED_RANK = 768, 204     # BERT-base: 768 -> 204 -> 768
 
@@ -260,10 +259,4 @@ def apply_stage(model: MultiTaskModel, epoch: int, gate_start_epoch: int,
 def load_multitask(folder: str | Path, eager_attention: bool = False):
     """(model, tokenizer) from a checkpoint folder written by kit.models.save_model (a kit-only
     folder: plain transformers refuses it with a line naming kit.models)."""
-    from transformers import AutoTokenizer
-    folder = Path(folder)
-    spec = MultiTaskSpec(**json.loads((folder / SPEC).read_text()))
-    with torch.random.fork_rng(devices=[]):          # the heads' random init, overwritten below
-        model = MultiTaskModel(read_backbone(folder, eager_attention), spec)
-    load_weights(model, folder)
-    return model.eval(), AutoTokenizer.from_pretrained(folder, config=model.backbone.config)
+    return load_folder(folder, MultiTaskSpec, MultiTaskModel, eager_attention)

@@ -85,6 +85,18 @@ def read_history(run_dir: str | Path) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.exists() else None
 
 
+def make_run_dir(cfg: RunConfig) -> Path:
+    """The run's folder, created; one line when the outputs folder cannot be written."""
+    run_dir = run_dir_of(cfg)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise kio.OutputsError(f"cannot write to outputs folder {cfg.outputs_dir!r} "
+                               f"({err.strerror}); set outputs_dir (kit.batch: --outputs) to a "
+                               "writable folder") from None
+    return run_dir
+
+
 def base_record(cfg: RunConfig) -> dict:
     return {"run_id": cfg.run_id, "task": cfg.task, "model": cfg.model, "method": cfg.method,
             "seed": cfg.seed, "profile": cfg.profile,
@@ -117,12 +129,7 @@ def run_recorded(cfg: RunConfig, body) -> dict:
     done = finished_metrics(cfg)
     if done is not None:
         return _broadcast(state, ("done", done))[1]
-    run_dir = run_dir_of(cfg)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise kio.OutputsError(f"cannot write to outputs folder {cfg.outputs_dir!r} "
-                               f"({err.strerror}); set outputs_dir to a writable folder") from None
+    run_dir = make_run_dir(cfg)
     with kio.FileLock(run_dir / ".lock") as locked:
         if not locked:
             message = f"{run_dir} is being trained by another process"
