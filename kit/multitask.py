@@ -33,7 +33,8 @@ import pandas as pd
 from kit import loop, runs
 from kit import metrics as kmetrics
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
-from kit.data import encode, length_grouped_batches, load_task_data, random_batches
+from kit.data import (encode, length_grouped_batches, load_task_data, random_batches,
+                      token_cache_dir)
 from kit.models import load_backbone, save_model, target_loss
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, apply_stage, load_multitask
 from kit.tasks import get_task
@@ -151,9 +152,10 @@ class MultiTask(loop.Job):
                              adapter_rank=cfg.adapter_rank)
         self.model = MultiTaskModel(backbone, spec)
         self.pad_id = self.tokenizer.pad_token_id
-        self.train = [encode(self.tokenizer, d.train, cfg.max_length, t.regression)
+        cache = token_cache_dir(cfg.outputs_dir)    # a grid's points tokenize each split once
+        self.train = [encode(self.tokenizer, d.train, cfg.max_length, t.regression, cache)
                       for d, t in zip(self.data, self.tasks)]
-        self.dev = [{name: encode(self.tokenizer, split, cfg.max_length, t.regression)
+        self.dev = [{name: encode(self.tokenizer, split, cfg.max_length, t.regression, cache)
                      for name, split in d.dev.items()} for d, t in zip(self.data, self.tasks)]
         self.has_test = cfg.predict_test and any(d.test for d in self.data)
         self.mixer = TaskMixer([x.lengths for x in self.train], cfg.batch_size, cfg.sampling,
@@ -210,7 +212,8 @@ class MultiTask(loop.Job):
         for t, (task, d) in enumerate(zip(self.tasks, self.data)):
             unwrapped.set_task(t)
             for name, split in d.test.items():
-                examples = encode(self.tokenizer, split, self.cfg.max_length, task.regression)
+                examples = encode(self.tokenizer, split, self.cfg.max_length, task.regression,
+                                  token_cache_dir(self.cfg.outputs_dir))
                 preds = loop.to_predictions(predict(examples), task.regression)
                 if write:
                     runs.write_test_predictions(runs.predictions_dir(run_dir, task.name), task,

@@ -28,11 +28,11 @@ PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missi
                 "figures"}
 
 
-class _Loader(yaml.SafeLoader):
+class YamlLoader(yaml.SafeLoader):
     """YAML 1.1 reads `1e-5` as a string; accept exponent floats without a dot."""
 
 
-_Loader.add_implicit_resolver(
+YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
     list("-+0123456789."))
@@ -70,7 +70,7 @@ def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
 
 def read_spec(path: Path) -> dict:
     try:
-        spec = yaml.load(path.read_text(), Loader=_Loader) or {}
+        spec = yaml.load(path.read_text(), Loader=YamlLoader) or {}
     except yaml.YAMLError as err:
         raise ConfigError(_yaml_error(path, err)) from None
     except (OSError, UnicodeDecodeError) as err:

@@ -30,7 +30,7 @@ from kit import batch
 from kit import progress as kprogress
 from kit import runs
 from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig
-from kit.profiles import REPO, Profile, _Loader
+from kit.profiles import REPO, Profile, YamlLoader
 from kit.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
 
@@ -86,7 +86,7 @@ def parse_value(name: str, text: str):
 
 def _yaml(name: str, text: str):
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"parameter {name!r}: {text!r} is not a YAML value "
                           f"({str(err).splitlines()[0]})") from None

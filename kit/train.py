@@ -54,7 +54,8 @@ class SingleTask(loop.Job):
         self.model = SequenceModel(backbone, spec)
         self.pad_id = self.tokenizer.pad_token_id
         cache = token_cache_dir(cfg.outputs_dir)    # a grid's points tokenize each split once
-        self.train = encode(self.tokenizer, self.data.train, cfg.max_length, task.regression, cache)
+        self.train = encode(self.tokenizer, self.data.train, cfg.max_length, task.regression,
+                            cache)
         self.dev = {name: encode(self.tokenizer, split, cfg.max_length, task.regression, cache)
                     for name, split in self.data.dev.items()}
         self.has_test = bool(self.data.test)
