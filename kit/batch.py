@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from kit import io as kio
 from kit import progress as kprogress
 from kit import tracking as ktracking
@@ -259,8 +261,9 @@ def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path
     paths = report.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
     if show:
         title, table = next(iter(tables.items()))
+        named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
         print(f"\n{title} - {profile.name} (dev sets; {paths[0]})\n"
-              f"{table.to_markdown(index=False)}\n", flush=True)
+              f"{named.to_markdown(index=False)}\n", flush=True)
     return paths + [_figure(profile, kind, outputs_dir, show) for kind in profile.figures]
 
 

@@ -39,11 +39,11 @@ class LineBar(terminal_tqdm):
             return False               # (False: tqdm then writes no "\r" either)
         self.fp.write(f"{self if msg is None else msg}\n")
         self.fp.flush()
-        self.printed = True
+        self.printed = self.n
         return True
 
     def close(self):
-        if not self.disable and self.printed:
+        if not self.disable and self.printed is not False and self.printed != self.n:
             self.display()             # a long loop's final count and time, once
         super().close()
 
