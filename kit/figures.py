@@ -395,7 +395,8 @@ def plot_mechanism(scores: pd.DataFrame, labels: pd.DataFrame, title: str | None
     method, one dot per seed, mean ± std bar (`scores`: method, seed, score as a fraction; any
     method name, e.g. a guided BERT-r relabelled "bert+guide"). Right: the SSA labels against
     the true importance mask per probed epoch, mean ± std over seeds (`labels`: method, epoch,
-    label1_precision, label1_recall, from metrics.json `ssa_labels`): does the head learn the
+    label1_precision, label1_recall, from metrics.json `ssa_labels`; optional
+    shortcut_share_label1, the share of label 1 on a spurious word): does the head learn the
     cue, or the shortcut the model already uses?"""
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -407,14 +408,18 @@ def plot_mechanism(scores: pd.DataFrame, labels: pd.DataFrame, title: str | None
                      marker=_marker(method, i))
         left.errorbar(i + 0.3, values.mean(), yerr=values.std(ddof=1) if len(values) > 1 else 0,
                       fmt="_", markersize=14, capsize=4, color="black")
-    left.set_xticks(range(len(methods)), [METHOD_LABELS.get(m, m) for m in methods])
+    left.set_xticks(range(len(methods)), [METHOD_LABELS.get(m, m) for m in methods],
+                    rotation=20, ha="right")
     left.set_ylabel("dev accuracy (%)")
     left.set_title(f"dev accuracy, {_seeds(scores)}")
     left.grid(alpha=0.3, axis="y")
     for i, method in enumerate(_method_order(labels["method"].unique())):
         rows = labels[labels["method"] == method]
         for column, style, what in (("label1_precision", "-", "precision"),
-                                    ("label1_recall", "--", "recall")):
+                                    ("label1_recall", "--", "recall"),
+                                    ("shortcut_share_label1", ":", "label 1 on the shortcut")):
+            if column not in rows:
+                continue
             stats = rows.groupby("epoch")[column].agg(["mean", "std"]).reset_index()
             right.errorbar(stats["epoch"], stats["mean"], yerr=stats["std"].fillna(0),
                            linestyle=style, marker=_marker(method, i), capsize=3,
@@ -422,7 +427,7 @@ def plot_mechanism(scores: pd.DataFrame, labels: pd.DataFrame, title: str | None
     right.set_xticks(sorted(labels["epoch"].unique()))
     right.set_ylim(-0.03, 1.03)
     right.set_xlabel("epoch (labels from the model after the previous epoch)")
-    right.set_ylabel("SSA label 1 vs the true cue tokens")
+    right.set_ylabel("share")
     right.set_title("label precision / recall against the importance mask")
     right.grid(alpha=0.3)
     right.legend(fontsize=8)
