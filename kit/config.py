@@ -13,14 +13,15 @@ import json
 import typing
 from dataclasses import dataclass
 
+from kit import methods
 from kit.tasks import canonical_task_name
 
 RESULTS_VERSION = 4  # bump when a default or the training code changes what a config computes
 # 4: one loop without DataLoaders (kit.loop): torch's RNG is no longer drawn per loader, so
 #    dropout streams, and results, differ from version 3 like another seed
-METHODS = ("bert", "bert-mask", "ssa-co", "ssa-h", "embert", "gated")
-SSA_METHODS = ("ssa-co", "ssa-h")
-MULTITASK_METHODS = ("embert", "gated")   # kit.multitask.fit_multitask; task="multitask"
+METHODS = methods.names()                       # the registry: one file per method, kit/methods/
+SSA_METHODS = methods.names(epoch="ssa-labels")
+MULTITASK_METHODS = methods.names(multitask=True)   # kit.multitask; task="multitask"
 
 
 class ConfigError(ValueError):

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit import methods
 from kit import runs
 from kit.report import METHOD_LABELS, collect_runs, score_scale
 
@@ -29,10 +30,10 @@ PAPER_SENTENCES = ("a whole lot foul, freaky and funny.",
 # Readable names for GLUE's numeric labels in figure titles.
 DISPLAY_LABELS = {"SST-2": {"0": "negative", "1": "positive"},
                   "CoLA": {"0": "unacceptable", "1": "acceptable"}}
-_COLORS = {"bert": "tab:gray", "bert-mask": "tab:orange", "ssa-co": "tab:blue",
-           "ssa-h": "tab:red"}
-# Markers as well as colours: methods stay apart in greyscale print and for colour-blind readers.
-_MARKERS = {"bert": "D", "bert-mask": "s", "ssa-co": "^", "ssa-h": "o"}
+# Colours and markers from the method registry; markers as well as colours: methods stay apart
+# in greyscale print and for colour-blind readers.
+_COLORS = {name: methods.get(name).color for name in methods.names(multitask=False)}
+_MARKERS = {name: methods.get(name).marker for name in methods.names(multitask=False)}
 
 
 def _label(method: str) -> str:

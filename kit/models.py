@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kit import methods
 from kit import readers
 
 EMBEDDED = "minilm"
@@ -226,7 +227,7 @@ class SequenceModel(nn.Module):
         self.classifier.weight.data.normal_(0.0, settings["initializer_range"])
         self.classifier.bias.data.zero_()
         self.token_head = None
-        if spec.method in ("ssa-co", "ssa-h"):
+        if methods.get(spec.method).token_head:
             self.token_head = TokenImportanceHead(hidden, spec.max_length, spec.share_weight,
                                                   settings["norm_eps"])
 
@@ -250,7 +251,7 @@ class SequenceModel(nn.Module):
         token_logits = self.token_head(tokens) if self.token_head is not None else None
         sentence = pooled
         weights = None
-        if self.spec.method == "ssa-h":
+        if methods.get(self.spec.method).hybrid:
             real = attention_mask.bool() & ~special_mask
             weights = hybrid_weights(token_logits, real, self.spec.hybrid_weighting,
                                      self.spec.attention_threshold)
@@ -315,7 +316,7 @@ def has_standard_head(model) -> bool:
     """Whether plain transformers can hold this model's sentence head: a single-task model
     whose head is pooled [CLS] -> dropout -> linear (every method but ssa-h), on a family in
     STANDARD_HEADS with a pooler."""
-    return (isinstance(model, SequenceModel) and model.spec.method != "ssa-h"
+    return (isinstance(model, SequenceModel) and not methods.get(model.spec.method).hybrid
             and model.backbone.config.model_type in STANDARD_HEADS
             and getattr(model.backbone, "pooler", None) is not None)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kit import loop, runs
+from kit import loop, methods, runs
 from kit import metrics as kmetrics
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import (encode, length_grouped_batches, load_task_data, random_batches,
@@ -237,7 +237,7 @@ class MultiTask(loop.Job):
                 "last_dev": flat_dev(last["dev"]), "selection": SELECTION,
                 "task_sizes": dict(zip(self.names, self.mixer.sizes)),
                 "steps_per_epoch": self.mixer.n_batches,
-                "adapter_rank": unwrapped.spec.adapter_rank if self.cfg.method == "gated" else None}
+                "adapter_rank": unwrapped.spec.adapter_rank if methods.get(self.cfg.method).gated else None}
 
 
 def flat_dev(dev: dict) -> dict:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kit import methods
 from kit.models import ModelError, load_folder
 
 RELEASED_HIDDEN, RELEASED_RANK = 768, 204     # BERT-base: 768 -> 204 -> 768
@@ -151,8 +152,9 @@ class MultiTaskModel(nn.Module):
 
     def __init__(self, backbone, spec: MultiTaskSpec):
         super().__init__()
-        if spec.method not in ("embert", "gated"):
-            raise ValueError(f"MultiTaskModel: method {spec.method!r} is not embert or gated")
+        if not methods.get(spec.method).multitask:
+            raise ValueError(f"MultiTaskModel: method {spec.method!r} is not a multi-task method "
+                             f"({', '.join(methods.names(multitask=True))})")
         self.backbone, self.spec = backbone, spec
         cfg = backbone.config
         attentions = self_attentions(backbone)
@@ -167,7 +169,7 @@ class MultiTaskModel(nn.Module):
         # e[layer, q/k/v, task]: zero, so the model starts as the pretrained encoder
         self.task_embeddings = nn.Parameter(torch.zeros(n_layers, 3, n_tasks, out))
         self.gated = None
-        if spec.method == "gated":
+        if methods.get(spec.method).gated:
             spec.adapter_rank = spec.adapter_rank or default_rank(cfg.hidden_size)
             self.gated = GatedLayer(n_tasks, cfg.hidden_size, out, spec.adapter_rank,
                                     cfg.initializer_range)

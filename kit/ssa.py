@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from kit import methods
 from kit.config import RunConfig
 from kit.data import IGNORE, Examples
 
@@ -246,11 +247,13 @@ def code_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression:
 def build_epoch(train: Examples, cfg: RunConfig, epoch: int, predict: PredictFn,
                 regression: bool, mask_id: int, run_dir: Path | None = None
                 ) -> tuple[Examples, dict | None]:
-    """The training examples of one epoch for the run's method, and its label statistics."""
+    """The training examples of one epoch for the run's method (its registry entry's `epoch`:
+    plain, masked-copies or ssa-labels), and its label statistics."""
     rng = np.random.default_rng([cfg.seed, epoch, 0x55A])
-    if cfg.method == "bert" or (cfg.method == "bert-mask" and epoch < cfg.ssa_start_epoch):
+    kind = methods.get(cfg.method).epoch
+    if kind == "plain" or (kind == "masked-copies" and epoch < cfg.ssa_start_epoch):
         return train, None
-    if cfg.method == "bert-mask":
+    if kind == "masked-copies":
         source = np.repeat(np.arange(len(train)), variant_counts(len(train), cfg.gamma, rng))
         originals = train.subset(source)
         copies = masked_copies(originals, draw_masks(real_tokens(originals), cfg, rng), mask_id)

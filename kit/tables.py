@@ -13,12 +13,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from kit import methods
 from kit.metrics import SIGNIFICANCE_TESTS, holm, is_constant, reported_metrics, significance_mark
 from kit.paper_results import PAPER_TASKS, PaperRow, paper_row
 from kit.tasks import GLUE_TASKS, csv_task, get_task
 
 # Row order and labels of the paper's tables; other methods follow, alphabetically.
-METHOD_LABELS = {"bert": "BERT-r", "bert-mask": "BERT-mask", "ssa-co": "SSA-Co", "ssa-h": "SSA-H"}
+METHOD_LABELS = {name: methods.get(name).label for name in methods.names(multitask=False)}
 
 # Which epoch's dev numbers a table shows (`epoch` of paper_table / results_tables).
 EPOCH_VIEWS = {

@@ -14,15 +14,20 @@ def kit_imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("kit.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "kit":
-                found |= {f"kit.{a.name}" for a in node.names}
-            elif node.module.startswith("kit."):
+            if node.module in ("kit", "kit.methods"):      # `from kit import runs`
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+            if node.module.startswith("kit."):
                 found.add(node.module)
     return found
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(KIT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def graph() -> dict[str, set[str]]:
-    modules = {f"kit.{p.stem}": p for p in KIT.glob("*.py") if p.stem != "__init__"}
+    modules = {module_name(p): p for p in KIT.rglob("*.py") if module_name(p) != "kit"}
     return {name: kit_imports(path) & set(modules) - {name} for name, path in modules.items()}
 
 
@@ -63,3 +68,17 @@ def test_one_training_loop_and_one_owner_of_run_folders():
             assert "optimizer.step()" not in text, path.name
         if path.stem not in ("runs", "models"):
             assert not touches_run_file.search(text), (path.name, touches_run_file.search(text))
+
+
+def test_the_graph_includes_the_method_registry():
+    edges = graph()
+    assert "kit.methods" in edges["kit.config"] and "kit.methods.ssa_h" in edges["kit.methods"]
+    assert edges["kit.methods.base"] == set()            # data only: no kit module below it
+
+
+def test_method_names_are_tested_only_in_the_registry():
+    """Everything asks kit.methods (flags, labels, colours) instead of testing a method's name
+    (the paper's table rows in paper_results name the paper's methods, which is their data)."""
+    pattern = re.compile(r'method\s*(==|!=|in|not in)\s*\(?"(bert|bert-mask|ssa-co|ssa-h|embert|gated)"')
+    hits = [f"{p.name}: {m.group(0)}" for p in KIT.glob("*.py") for m in pattern.finditer(p.read_text())]
+    assert not hits
