@@ -217,6 +217,9 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     # parameter was validated against RunConfig above, so those warnings are noise here
     logging.getLogger("papermill").setLevel(logging.ERROR)
     os.environ[kprogress.ENV] = os.environ.get(kprogress.ENV) or "lines"   # for the kernels
+    # OpenMP threads that wait sleep instead of spinning: spinning threads of one process steal
+    # the cores of another on a shared machine (run_all.sh sets it too; kernels inherit it)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     profile = load_profile(name, outputs_dir)
     points = shard(profile.points, shard_spec)
     started = time.perf_counter()
