@@ -31,8 +31,8 @@ from kit.config import ConfigError, RunConfig
 from kit.data import glue_source, load_task_data
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError, hub_unreachable
-from kit.tasks import GLUE_TASKS
 from kit.runs import finished_metrics, make_run_dir, read_metrics, record_failed, run_dir_of
+from kit.tasks import GLUE_TASKS
 
 # Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
 # nbclient stops the kernel) are not about the run: keep only the kernel's critical errors.
@@ -49,7 +49,7 @@ def _hub_reason() -> str | None:
 def missing_task_files(cfg: RunConfig) -> str | None:
     """Why a GLUE task cannot run (found nowhere: its files are absent, or it would come from
     an unreachable hub), else None. A glue_dir / GLUE_DIR that does not exist raises DataError."""
-    task = GLUE_TASKS.get(next((n for n in GLUE_TASKS if n.lower() == cfg.task.lower()), ""))
+    task = GLUE_TASKS.get(cfg.task)          # RunConfig spells task names as the registry does
     if task is None:
         return None
     source = glue_source(cfg.glue_dir, task.name)
@@ -176,10 +176,11 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
         with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) as proc:
             for line in proc.stderr:         # the ranks' progress lines, as they come
-                if line.startswith("error: "):
+                if line.startswith("error: "):       # kit.train's one-line failure
                     errors.append(line.strip().removeprefix("error: "))
+                    continue
                 echo = echo and "Traceback" not in line and "ChildFailedError" not in line
-                if echo and not line.startswith("error: "):
+                if echo:
                     sys.stderr.write(line)
     finally:
         os.unlink(f.name)
@@ -210,16 +211,21 @@ def _eta(started: float, ran: int, left: int) -> str:
     return f", ETA {s // 60:.0f}m{s % 60:02.0f}s"
 
 
-def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
-                processes: int = 1) -> int:
+def prepare_kernels() -> None:
+    """What every batch (and kit.run) sets before its first kernel, which inherits it."""
     import logging
     # papermill warns about parameters missing from the notebook's parameters cell; every
-    # parameter was validated against RunConfig above, so those warnings are noise here
+    # parameter was validated against RunConfig, so those warnings are noise here
     logging.getLogger("papermill").setLevel(logging.ERROR)
-    os.environ[kprogress.ENV] = os.environ.get(kprogress.ENV) or "lines"   # for the kernels
+    os.environ[kprogress.ENV] = os.environ.get(kprogress.ENV) or "lines"   # progress as lines
     # OpenMP threads that wait sleep instead of spinning: spinning threads of one process steal
-    # the cores of another on a shared machine (run_all.sh sets it too; kernels inherit it)
+    # the cores of another on a shared machine (run_all.sh sets it too)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
+                processes: int = 1) -> int:
+    prepare_kernels()
     profile = load_profile(name, outputs_dir)
     points = shard(profile.points, shard_spec)
     started = time.perf_counter()

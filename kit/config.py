@@ -147,7 +147,7 @@ class RunConfig:
         for key in params:
             if key not in names:
                 raise ConfigError(unknown_parameter(key, names))
-        hints = _hints(cls)
+        hints = field_types(cls)
         return cls(**{k: _as_tuple(v) if hints[k] == tuple[str, ...] else v
                       for k, v in params.items()})
 
@@ -206,8 +206,10 @@ def _normalise_task_names(cfg) -> None:
 
 
 @functools.cache
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)   # slow (ms); profiles validate thousands of points
+def field_types(cls=None) -> dict:
+    """RunConfig's field types, by name (cached: get_type_hints takes ms, and profiles
+    validate thousands of points)."""
+    return typing.get_type_hints(cls or RunConfig)
 
 
 def _type_ok(value, hint) -> bool:
@@ -221,7 +223,7 @@ def _type_ok(value, hint) -> bool:
 
 
 def _check_types(cfg: RunConfig) -> None:
-    for name, hint in _hints(type(cfg)).items():
+    for name, hint in field_types(type(cfg)).items():
         value = getattr(cfg, name)
         if not _type_ok(value, hint):
             want = getattr(hint, "__name__", str(hint))

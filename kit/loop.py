@@ -29,6 +29,8 @@ from kit import runs
 from kit import tracking as ktracking
 from kit.config import RunConfig
 from kit.data import Examples, collate, sorted_batches
+from kit.metrics import flatten_metrics
+from kit.models import save_model
 from kit.optim import parameter_groups
 
 
@@ -49,8 +51,9 @@ class Job:
     """What a kind of run brings to the loop (see kit.train.SingleTask, kit.multitask.MultiTask).
 
     Attributes set by the constructor: model (not yet prepared), tokenizer, tasks (kit Task
-    list), pad_id, has_test; the loop adds `writer` (the main process) and `trainable` (ids of
-    the parameters that train). Methods below."""
+    list), pad_id, has_test; the loop adds `writer` (True in the process that writes files)
+    and `trainable` (ids of the parameters that train). Methods below."""
+    # DDP: True when a step may leave parameters without a gradient (multi-task heads, stages)
     find_unused_parameters = False
 
     def resumed(self, epoch: int) -> None:
@@ -73,11 +76,12 @@ class Job:
     def write_dev(self, run_dir: Path, results: dict, suffix: str = "") -> None:
         raise NotImplementedError
 
-    def write_test(self, run_dir: Path, predict, unwrapped, write: bool) -> None:
+    def write_test(self, run_dir: Path, predict, unwrapped) -> None:
+        """Predict the test splits (every rank: prediction is collective); write if `writer`."""
         raise NotImplementedError
 
     def save(self, model, tokenizer, folder: Path) -> None:
-        raise NotImplementedError
+        save_model(model, tokenizer, folder)
 
     def load(self, folder: Path):
         raise NotImplementedError
@@ -160,14 +164,15 @@ class LinearSchedule:
 # ---------------------------------------------------------------- the loop
 
 def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dict:
-    """Train and evaluate one config with the job `build(cfg)` makes; returns the metrics."""
+    """Train and evaluate one config with the job `build(cfg)` makes (`build` is a Job class);
+    returns the metrics."""
     from accelerate.utils import set_seed
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
     set_seed(cfg.seed)
     accelerator = make_accelerator(
         cfg, ktracking.trackers(ktracking.resolve(cfg.report_to), cfg.outputs_dir, cfg.profile,
-                                cfg.run_id), find_unused_parameters=bool(cfg.tasks))
+                                cfg.run_id), find_unused_parameters=build.find_unused_parameters)
     accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
     main = accelerator.is_main_process
     job = build(cfg)
@@ -275,7 +280,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         best = (job.load(run_dir / "checkpoint" / "best")[0].state_dict()
                 if cfg.save_checkpoints else best_in_memory)
         unwrapped.load_state_dict(best)
-        job.write_test(run_dir, predict, unwrapped, write=main)
+        job.write_test(run_dir, predict, unwrapped)
     walls["total"] = time.perf_counter() - started
     for tracker in accelerator.trackers:   # not end_training(): that also ends the process group
         tracker.finish()
@@ -367,7 +372,7 @@ def to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
 
 def brief(dev_metrics: dict) -> str:
     """`accuracy 0.6123, f1 0.5800` from a dev metrics dict (multi-task: `RTE/accuracy ...`)."""
-    flat = ktracking.flat_metrics(dev_metrics)
+    flat = flatten_metrics(dev_metrics)
     return ", ".join(f"{k} {v:.4f}" for k, v in flat.items() if k != "score" or len(flat) == 1)
 
 

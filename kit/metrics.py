@@ -121,6 +121,18 @@ def evaluate_splits(task: Task, results: dict[str, tuple]) -> dict[str, float]:
     return merged
 
 
+def flatten_metrics(metrics: dict, prefix: str = "") -> dict[str, float]:
+    """{"RTE": {"accuracy": ..}, "score": ..} -> {"RTE/accuracy": .., "score": ..}: a multi-task
+    run's per-task dev metrics as flat numeric columns (a single-task dict comes back as is)."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out.update(flatten_metrics(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def three_subsets(n: int, seed: int = 0) -> list[np.ndarray]:
     """Indices of the three dev subsets: a fixed shuffle of range(n), cut into even thirds.
 

@@ -35,7 +35,7 @@ from kit import metrics as kmetrics
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import (encode, length_grouped_batches, load_task_data, random_batches,
                       token_cache_dir)
-from kit.models import load_backbone, save_model, target_loss
+from kit.models import load_backbone, target_loss
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, apply_stage, load_multitask
 from kit.tasks import get_task
 
@@ -208,19 +208,16 @@ class MultiTask(loop.Job):
             runs.write_dev_predictions(runs.predictions_dir(run_dir, task.name), task, d.dev,
                                        results[task.name], suffix)
 
-    def write_test(self, run_dir: Path, predict, unwrapped, write: bool) -> None:
+    def write_test(self, run_dir: Path, predict, unwrapped) -> None:
         for t, (task, d) in enumerate(zip(self.tasks, self.data)):
             unwrapped.set_task(t)
             for name, split in d.test.items():
                 examples = encode(self.tokenizer, split, self.cfg.max_length, task.regression,
                                   token_cache_dir(self.cfg.outputs_dir))
                 preds = loop.to_predictions(predict(examples), task.regression)
-                if write:
+                if self.writer:
                     runs.write_test_predictions(runs.predictions_dir(run_dir, task.name), task,
                                                 name, split, preds)
-
-    def save(self, model, tokenizer, folder: Path) -> None:
-        save_model(model, tokenizer, folder)
 
     def load(self, folder: Path):
         return load_multitask(folder)
@@ -237,13 +234,13 @@ class MultiTask(loop.Job):
                 "last_dev": flat_dev(last["dev"]), "selection": SELECTION,
                 "task_sizes": dict(zip(self.names, self.mixer.sizes)),
                 "steps_per_epoch": self.mixer.n_batches,
-                "adapter_rank": unwrapped.spec.adapter_rank if methods.get(self.cfg.method).gated else None}
+                "adapter_rank": (unwrapped.spec.adapter_rank
+                                 if methods.get(self.cfg.method).gated else None)}
 
 
 def flat_dev(dev: dict) -> dict:
     """{"RTE": {"accuracy": ..}, "score": ..} -> {"score": .., "RTE/accuracy": ..}."""
-    return {"score": dev["score"], **{f"{task}/{name}": value for task, metrics in dev.items()
-                                      if task != "score" for name, value in metrics.items()}}
+    return {"score": dev["score"], **kmetrics.flatten_metrics(dev)}
 
 
 # ------------------------------------------------------------------- what the notebook shows

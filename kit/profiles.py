@@ -3,7 +3,8 @@
     description: ...            free text
     notebook: finetune          notebooks/<name>.ipynb runs each point
     skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
-    figures: [label-quality]    figures the batch draws after its tables (kit.batch.FIGURES)
+    figures: [label-quality]    figures the batch draws after its tables (label-quality, cost,
+                                gamma: kit.batch._figure)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
     task_overrides: {RTE: {lr: 2.0e-5}}
 

@@ -29,7 +29,7 @@ class LineBar(terminal_tqdm):
         kwargs.update(leave=False, ascii=True, dynamic_ncols=False)
         kwargs.setdefault("mininterval", LINE_INTERVAL_S)
         kwargs.setdefault("delay", QUIET_S)
-        self.printed = False
+        self.printed_at: int | None = None    # the count of the last line written
         kwargs.setdefault("bar_format", "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} "
                                         "[{elapsed}<{remaining}, {rate_fmt}]{postfix}")
         super().__init__(*args, **kwargs)
@@ -39,11 +39,11 @@ class LineBar(terminal_tqdm):
             return False               # (False: tqdm then writes no "\r" either)
         self.fp.write(f"{self if msg is None else msg}\n")
         self.fp.flush()
-        self.printed = self.n
+        self.printed_at = self.n
         return True
 
     def close(self):
-        if not self.disable and self.printed is not False and self.printed != self.n:
+        if not self.disable and self.printed_at not in (None, self.n):
             self.display()             # a long loop's final count and time, once
         super().close()
 

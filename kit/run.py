@@ -17,19 +17,16 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import logging
 import os
 import re
 import sys
-import typing
 from pathlib import Path
 
 import yaml
 
 from kit import batch
-from kit import progress as kprogress
 from kit import runs
-from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig
+from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig, field_types
 from kit.profiles import REPO, Profile, YamlLoader
 from kit.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
@@ -74,7 +71,7 @@ def parse_value(name: str, text: str):
     """A command-line value in the type of field `name` (unknown names: the text, for
     RunConfig's did-you-mean): text fields verbatim, lists split on commas or read as YAML,
     everything else a YAML scalar (1e-4 is a float)."""
-    hint = _hints().get(name)
+    hint = field_types().get(name)
     if hint is None or hint is str:
         return text
     if hint == tuple[str, ...]:
@@ -90,10 +87,6 @@ def _yaml(name: str, text: str):
     except yaml.YAMLError as err:
         raise ConfigError(f"parameter {name!r}: {text!r} is not a YAML value "
                           f"({str(err).splitlines()[0]})") from None
-
-
-def _hints() -> dict:
-    return typing.get_type_hints(RunConfig)
 
 
 def notebook_for(cfg: RunConfig, name: str | None) -> Path:
@@ -119,10 +112,7 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
     if finished_metrics(cfg) is not None:      # before the data check: a rerun returns at once
         return "skipped", "finished earlier", cfg
     batch.preflight(profile, [params])
-    # papermill's "Passed unknown parameter" for fields a notebook does not list (every field
-    # was validated above), and the kernel's progress as plain lines, as a batch does
-    logging.getLogger("papermill").setLevel(logging.ERROR)
-    os.environ[kprogress.ENV] = os.environ.get(kprogress.ENV) or "lines"
+    batch.prepare_kernels()
     status, detail = batch.execute(profile, params)
     return status, detail, cfg
 

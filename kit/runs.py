@@ -9,8 +9,8 @@
     notebook.ipynb     written by kit.batch
 
 Every reader and writer of a run folder is here (torch is imported only where checkpoints are
-read or written: tables and figures run without it), and only the main process writes (several processes of
-one data-parallel run share it). A finished run (metrics.json status ok) is never rerun or
+read or written: tables and figures run without it), and only the main process writes (several
+processes of one data-parallel run share the folder). A finished run (metrics.json status ok) is never rerun or
 overwritten; a lock keeps two processes from training one config at once.
 """
 from __future__ import annotations

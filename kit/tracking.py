@@ -17,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 from kit.config import ConfigError
+from kit.metrics import flatten_metrics
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
             "trackio": "trackio"}   # name -> the module that must be importable
@@ -71,22 +72,11 @@ def step_scalars(row: dict) -> dict:
 
 def epoch_scalars(record: dict, label_stats: dict | None, examples_per_s: float) -> dict:
     """An epoch's dev metrics, SSA label statistics and throughput as scalars."""
-    out = {f"dev/{k}": v for k, v in flat_metrics(record["dev"]).items()}
+    out = {f"dev/{k}": v for k, v in flatten_metrics(record["dev"]).items()}
     three = record.get("three_subset") or {}
     if isinstance(three.get("mean"), (int, float)):        # multi-task runs have one per task
         out["dev/three_subset_mean"] = three["mean"]
     out.update({f"ssa/{k}": v for k, v in (label_stats or {}).items()
                 if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)})
     out["train/examples_per_s"] = examples_per_s
-    return out
-
-
-def flat_metrics(metrics: dict, prefix: str = "") -> dict:
-    """{RTE: {accuracy: ..}, score: ..} -> {RTE/accuracy: .., score: ..} (multi-task dev)."""
-    out = {}
-    for k, v in metrics.items():
-        if isinstance(v, dict):
-            out.update(flat_metrics(v, f"{prefix}{k}/"))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[f"{prefix}{k}"] = v
     return out

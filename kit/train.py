@@ -23,7 +23,7 @@ from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import (encode, length_grouped_batches, load_task_data, random_batches,
                       token_cache_dir)
 from kit.guiding import guiding_loss
-from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, save_model, ssa_loss,
+from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, ssa_loss,
                         target_loss)
 from kit.multitask import MultiTask
 from kit.runs import CheckpointError, RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
@@ -88,23 +88,20 @@ class SingleTask(loop.Job):
         runs.write_dev_predictions(runs.predictions_dir(run_dir), self.tasks[0], self.data.dev,
                                    results, suffix)
 
-    def write_test(self, run_dir: Path, predict, unwrapped, write: bool) -> None:
+    def write_test(self, run_dir: Path, predict, unwrapped) -> None:
         cfg, task = self.cfg, self.tasks[0]
         for name, split in self.data.test.items():
             preds = loop.to_predictions(
                 predict(encode(self.tokenizer, split, cfg.max_length, task.regression,
                                token_cache_dir(cfg.outputs_dir))),
                 task.regression)
-            if not write:
+            if not self.writer:
                 continue
             runs.write_test_predictions(runs.predictions_dir(run_dir), task, name, split, preds)
             if task.kind == "csv":     # Kaggle: `<id>,<target>`, class names or floats
                 write_csv_submission(run_dir / "submission.csv", split.ids,
                                      [runs.label_text(task, p) for p in preds],
                                      cfg.csv_id_column, cfg.csv_target)
-
-    def save(self, model, tokenizer, folder: Path) -> None:
-        save_model(model, tokenizer, folder)
 
     def load(self, folder: Path):
         return load_trained(folder)
