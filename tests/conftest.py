@@ -17,6 +17,18 @@ REPO = Path(__file__).resolve().parents[1]
 GLUE_DIR = REPO / "data" / "glue"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (restored after it): tiny matrices run ~100x faster than on
+    two threads of a shared, busy 2-core machine, and runs compared across processes need the
+    same thread count (float sums depend on it). Use: pytestmark = usefixtures("one_thread")."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     assert GLUE_DIR.is_dir(), f"the project's GLUE copy is missing: {GLUE_DIR}"

@@ -28,14 +28,9 @@ SSA = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=160, e
 DEV_TOLERANCE = 0.15       # accuracy points of a 40-row dev set, tiny random model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The in-process reference runs with the ranks' thread count (OMP_NUM_THREADS=1 in ENV):
-    float sums, and so a near-tied prediction, depend on it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# the in-process reference runs with the ranks' thread count (OMP_NUM_THREADS=1 in ENV): float
+# sums, and so a near-tied prediction, depend on it
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
 
 def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):

@@ -29,12 +29,7 @@ EAGER_ONLY = {"deberta-v2", "deberta-v3"}
 POOLER = {"bert", "roberta", "xlm-roberta"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
 
 @pytest.fixture(scope="module")

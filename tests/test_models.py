@@ -14,13 +14,7 @@ from kit.models import (HeadSpec, ModelError, SequenceModel, TokenImportanceHead
                         target_loss)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is ~100x faster than two on a shared, busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
 
 @pytest.fixture(scope="module")

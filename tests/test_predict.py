@@ -2,6 +2,7 @@
 head and the label names) where the head is a transformers head, a clear refusal where it is not,
 and kit.predict / `python -m kit.predict` on finished runs (tiny model, real RTE rows)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,30 +25,31 @@ from kit.train import fit, run_dir_of
 RUN = dict(model="tiny", epochs=1, lr=5e-3, batch_size=16, save_checkpoints=True)
 
 
+def finished_run(tmp_path_factory, name: str, **params) -> Path:
+    """The folder of a finished run of RUN updated with `params`."""
+    cfg = RunConfig(**{**RUN, **params}, outputs_dir=str(tmp_path_factory.mktemp(name)))
+    assert fit(cfg)["status"] == "ok"
+    return run_dir_of(cfg)
+
+
 @pytest.fixture(scope="module")
 def rte_run(tmp_path_factory):
     """A finished bert run on real RTE (64 training rows; the full 277-row dev set)."""
-    cfg = RunConfig(**RUN, task="RTE", method="bert", max_train_examples=64,
-                    outputs_dir=str(tmp_path_factory.mktemp("rte")))
-    assert fit(cfg)["status"] == "ok"
-    return run_dir_of(cfg)
+    return finished_run(tmp_path_factory, "rte", task="RTE", method="bert",
+                        max_train_examples=64)
 
 
 @pytest.fixture(scope="module")
 def bert_run(tmp_path_factory):
     """A bert run on the synthetic task that learns (both classes predicted, logits apart)."""
-    cfg = RunConfig(**{**RUN, "epochs": 3, "batch_size": 8}, task="synthetic", method="bert",
-                    synthetic_size=600, outputs_dir=str(tmp_path_factory.mktemp("bert")))
-    assert fit(cfg)["status"] == "ok"
-    return run_dir_of(cfg)
+    return finished_run(tmp_path_factory, "bert", epochs=3, batch_size=8, task="synthetic",
+                        method="bert", synthetic_size=600)
 
 
 @pytest.fixture(scope="module")
 def ssa_h_run(tmp_path_factory):
-    cfg = RunConfig(**RUN, task="synthetic", method="ssa-h", synthetic_size=200,
-                    outputs_dir=str(tmp_path_factory.mktemp("ssah")))
-    assert fit(cfg)["status"] == "ok"
-    return run_dir_of(cfg)
+    return finished_run(tmp_path_factory, "ssah", task="synthetic", method="ssa-h",
+                        synthetic_size=200)
 
 
 def rte_dev():
