@@ -26,7 +26,7 @@ Masking and labelling are vectorised over padded [variants, tokens] arrays.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -36,6 +36,7 @@ import torch
 from kit import methods
 from kit.config import RunConfig
 from kit.data import IGNORE, Examples
+from kit.io import atomic_torch_save
 
 PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
 
@@ -99,10 +100,46 @@ def span_masks(real: np.ndarray, aug_threshold: float, rm_threshold: float,
     return masks
 
 
-def draw_masks(real: np.ndarray, cfg: RunConfig, rng: np.random.Generator) -> np.ndarray:
-    if cfg.mask_scheme == "ratio":
-        return ratio_masks(real, cfg.mask_ratio, rng)
-    return span_masks(real, cfg.aug_threshold, cfg.rm_threshold, rng)
+@dataclass(frozen=True)
+class Masking:
+    """How a variant's real word-pieces are masked (RunConfig's mask_scheme, mask_ratio,
+    aug_threshold, rm_threshold): `ratio` of them (paper) or the released code's spans."""
+    scheme: str
+    ratio: float
+    aug_threshold: float
+    rm_threshold: float
+
+
+def draw_masks(real: np.ndarray, masking: Masking, rng: np.random.Generator) -> np.ndarray:
+    if masking.scheme == "ratio":
+        return ratio_masks(real, masking.ratio, rng)
+    return span_masks(real, masking.aug_threshold, masking.rm_threshold, rng)
+
+
+@dataclass(frozen=True)
+class SSASettings:
+    """The knobs that shape an epoch's examples, built once per run from its RunConfig (the
+    fields keep RunConfig's names and meanings): the functions below take these, not the whole
+    config, so a test or a notebook can call them with just these values."""
+    method: str
+    seed: int
+    gamma: float
+    masking: Masking
+    label_rule: str
+    label_merge: str
+    ssa_start_epoch: int
+    regression_tolerance: float
+    code_share_step: float
+    code_share_max: float
+    budget: str
+    save_labels: bool
+    reuse_labels_from: str
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "SSASettings":
+        masking = Masking(cfg.mask_scheme, cfg.mask_ratio, cfg.aug_threshold, cfg.rm_threshold)
+        return cls(masking=masking, **{f.name: getattr(cfg, f.name) for f in fields(cls)
+                                       if f.name != "masking"})
 
 
 def variant_counts(n: int, gamma: float, rng: np.random.Generator) -> np.ndarray:
@@ -176,21 +213,22 @@ def label_precision_recall(labels: np.ndarray, importance: np.ndarray
     return precision, recall
 
 
-def paper_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression: bool,
+def paper_labels(train: Examples, predict: PredictFn, ssa: SSASettings, regression: bool,
                  rng: np.random.Generator, mask_id: int, stats: LabelStats) -> Examples:
     """The epoch's training set by the paper's rule (see the module docstring); the returned
     set's `ssa_labels` hold the generated labels (IGNORE on plain examples)."""
     preds = predict(train)
-    kept = np.flatnonzero(~changed(train.labels, preds, regression, cfg.regression_tolerance))
+    kept = np.flatnonzero(~changed(train.labels, preds, regression, ssa.regression_tolerance))
     stats.probed, stats.kept = len(train), len(kept)
-    source = np.repeat(kept, variant_counts(len(kept), cfg.gamma, rng))   # variant -> row
+    source = np.repeat(kept, variant_counts(len(kept), ssa.gamma, rng))   # variant -> row
     originals = train.subset(source)
-    masks = draw_masks(real_tokens(originals), cfg, rng) if len(source) else np.zeros((0, 0), bool)
+    masks = (draw_masks(real_tokens(originals), ssa.masking, rng) if len(source)
+             else np.zeros((0, 0), bool))
     flips = changed(preds[source], predict(masked_copies(originals, masks, mask_id)),
-                    regression, cfg.regression_tolerance) if len(source) else np.zeros(0, bool)
+                    regression, ssa.regression_tolerance) if len(source) else np.zeros(0, bool)
     stats.variants, stats.flipped = len(source), int(flips.sum())
     labels = np.where(masks, flips[:, None].astype(np.int64), IGNORE)
-    if cfg.label_merge == "variant":
+    if ssa.label_merge == "variant":
         return Examples.concat([train, originals.with_ssa_labels(unpad(labels, originals.lengths))])
     # union: a token is 1 if any variant that masked it flipped, 0 if it was masked only in
     # unflipped ones; the labels ride on the sentence's own example, the epoch keeps N examples
@@ -200,10 +238,12 @@ def paper_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression
     return train.with_ssa_labels(unpad(merged, train.lengths))
 
 
-def code_share(cfg: RunConfig, epoch: int) -> float:
-    if epoch < cfg.ssa_start_epoch:
+def code_share(epoch: int, start_epoch: int, step: float, cap: float) -> float:
+    """The code rule's share of SSA copies in `epoch`: 0 before `start_epoch`, then step,
+    2 * step ... up to `cap`."""
+    if epoch < start_epoch:
         return 0.0
-    return min(cfg.code_share_step * (epoch - cfg.ssa_start_epoch + 1), cfg.code_share_max)
+    return min(step * (epoch - start_epoch + 1), cap)
 
 
 def all_ones(examples: Examples) -> Examples:
@@ -213,12 +253,13 @@ def all_ones(examples: Examples) -> Examples:
 CODE_MAX_ROUNDS = 5  # the released code repeats rounds until enough copies qualify; we cap it
 
 
-def code_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression: bool,
+def code_labels(train: Examples, predict: PredictFn, ssa: SSASettings, regression: bool,
                 rng: np.random.Generator, mask_id: int, epoch: int, stats: LabelStats) -> Examples:
     """The epoch's training set by the released code's rule (see the module docstring)."""
-    target = int(round(code_share(cfg, epoch) * len(train)))
+    share = code_share(epoch, ssa.ssa_start_epoch, ssa.code_share_step, ssa.code_share_max)
+    target = int(round(share * len(train)))
     preds = predict(train)
-    correct = np.flatnonzero(~changed(train.labels, preds, regression, cfg.regression_tolerance))
+    correct = np.flatnonzero(~changed(train.labels, preds, regression, ssa.regression_tolerance))
     stats.probed, stats.kept = len(train), len(correct)
     pending, used, copies_kept = rng.permutation(correct), [], []
     for _ in range(CODE_MAX_ROUNDS):
@@ -227,9 +268,9 @@ def code_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression:
             break
         originals = train.subset(pending)
         real = real_tokens(originals)
-        masks = draw_masks(real, cfg, rng)
+        masks = draw_masks(real, ssa.masking, rng)
         copies = masked_copies(originals, masks, mask_id)
-        same = ~changed(preds[pending], predict(copies), regression, cfg.regression_tolerance)
+        same = ~changed(preds[pending], predict(copies), regression, ssa.regression_tolerance)
         qualifies = same & masks.any(axis=1)
         stats.variants += len(pending)
         stats.flipped += int((~same).sum())
@@ -244,37 +285,37 @@ def code_labels(train: Examples, predict: PredictFn, cfg: RunConfig, regression:
     return Examples.concat([*copies_kept, all_ones(train.subset(plain))])
 
 
-def build_epoch(train: Examples, cfg: RunConfig, epoch: int, predict: PredictFn,
+def build_epoch(train: Examples, ssa: SSASettings, epoch: int, predict: PredictFn,
                 regression: bool, mask_id: int, run_dir: Path | None = None
                 ) -> tuple[Examples, dict | None]:
     """The training examples of one epoch for the run's method (its registry entry's `epoch`:
     plain, masked-copies or ssa-labels), and its label statistics."""
-    rng = np.random.default_rng([cfg.seed, epoch, 0x55A])
-    kind = methods.get(cfg.method).epoch
-    if kind == "plain" or (kind == "masked-copies" and epoch < cfg.ssa_start_epoch):
+    rng = np.random.default_rng([ssa.seed, epoch, 0x55A])
+    kind = methods.get(ssa.method).epoch
+    if kind == "plain" or (kind == "masked-copies" and epoch < ssa.ssa_start_epoch):
         return train, None
     if kind == "masked-copies":
-        source = np.repeat(np.arange(len(train)), variant_counts(len(train), cfg.gamma, rng))
+        source = np.repeat(np.arange(len(train)), variant_counts(len(train), ssa.gamma, rng))
         originals = train.subset(source)
-        copies = masked_copies(originals, draw_masks(real_tokens(originals), cfg, rng), mask_id)
-        return (_budgeted(Examples.concat([train, copies]), len(train), cfg.budget, rng),
+        masks = draw_masks(real_tokens(originals), ssa.masking, rng)
+        copies = masked_copies(originals, masks, mask_id)
+        return (_budgeted(Examples.concat([train, copies]), len(train), ssa.budget, rng),
                 {"epoch": epoch, "augmented": len(copies)})
-    if epoch < cfg.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
-        return (all_ones(train) if cfg.label_rule == "code" else train), None
+    if epoch < ssa.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
+        return (all_ones(train) if ssa.label_rule == "code" else train), None
     started = time.perf_counter()
-    if cfg.reuse_labels_from and _saved_path(cfg.reuse_labels_from, epoch).exists():
-        blob = torch.load(_saved_path(cfg.reuse_labels_from, epoch), weights_only=False)
+    if ssa.reuse_labels_from and _saved_path(ssa.reuse_labels_from, epoch).exists():
+        blob = torch.load(_saved_path(ssa.reuse_labels_from, epoch), weights_only=False)
         stats = {**blob["stats"], "reused": True, "wall_s": time.perf_counter() - started}
         return Examples(**blob["epoch_set"]), stats
-    stats = LabelStats(epoch=epoch, rule=cfg.label_rule)
-    if cfg.label_rule == "paper":
-        epoch_set = paper_labels(train, predict, cfg, regression, rng, mask_id, stats)
+    stats = LabelStats(epoch=epoch, rule=ssa.label_rule)
+    if ssa.label_rule == "paper":
+        epoch_set = paper_labels(train, predict, ssa, regression, rng, mask_id, stats)
     else:
-        epoch_set = code_labels(train, predict, cfg, regression, rng, mask_id, epoch, stats)
-    epoch_set = _budgeted(epoch_set, len(train), cfg.budget, rng)
+        epoch_set = code_labels(train, predict, ssa, regression, rng, mask_id, epoch, stats)
+    epoch_set = _budgeted(epoch_set, len(train), ssa.budget, rng)
     stats.finish(epoch_set, started)
-    if cfg.save_labels and run_dir is not None:
-        from kit.io import atomic_torch_save
+    if ssa.save_labels and run_dir is not None:
         atomic_torch_save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()},
                           _saved_path(str(run_dir), epoch))
     return epoch_set, stats.to_dict()

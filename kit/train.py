@@ -27,7 +27,7 @@ from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, ss
                         target_loss)
 from kit.multitask import MultiTask
 from kit.runs import CheckpointError, RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
-from kit.ssa import build_epoch
+from kit.ssa import SSASettings, build_epoch
 from kit.submission import write_csv_submission
 
 
@@ -59,10 +59,11 @@ class SingleTask(loop.Job):
         self.dev = {name: encode(self.tokenizer, split, cfg.max_length, task.regression, cache)
                     for name, split in self.data.dev.items()}
         self.has_test = bool(self.data.test)
+        self.ssa = SSASettings.from_config(cfg)
 
     def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
         cfg, task = self.cfg, self.tasks[0]
-        epoch_set, stats = build_epoch(self.train, cfg, epoch,
+        epoch_set, stats = build_epoch(self.train, self.ssa, epoch,
                                        lambda ex: loop.to_predictions(probe(ex), task.regression),
                                        task.regression, self.tokenizer.mask_token_id,
                                        runs.run_dir_of(cfg) if self.writer else None)
@@ -72,7 +73,10 @@ class SingleTask(loop.Job):
         return loop.Epoch([epoch_set], [(0, rows) for rows in batches], stats)
 
     def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
-        return loss_terms(model, batch, self.cfg, self.tasks[0].regression)
+        cfg = self.cfg
+        return loss_terms(model, batch, self.tasks[0].regression, cfg.alpha,
+                          guide_loss=cfg.guide_loss, pd_factor=cfg.pd_factor,
+                          ad_factor=cfg.ad_factor, guide_reduction=cfg.guide_reduction)
 
     def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
         task = self.tasks[0]
@@ -112,10 +116,13 @@ class SingleTask(loop.Job):
                 "last_dev": progress.epochs[-1]["dev"]}
 
 
-def loss_terms(model, batch: dict, cfg: RunConfig, regression: bool) -> dict[str, torch.Tensor]:
+def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss: str = "task",
+               pd_factor: float = 0.001, ad_factor: float = 0.001,
+               guide_reduction: str = "query") -> dict[str, torch.Tensor]:
     """The training loss and its parts (for history.csv). SSA: alpha * L_target +
-    (1 - alpha) * L_SSA; attention guiding adds pd_factor * L_PD + ad_factor * L_MD on top."""
-    guided = cfg.guide_loss != "task"
+    (1 - alpha) * L_SSA; attention guiding (kit.guiding, `guide_loss` other than "task") adds
+    pd_factor * L_PD + ad_factor * L_MD on top."""
+    guided = guide_loss != "task"
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"),
                 output_attentions=guided)
@@ -124,11 +131,11 @@ def loss_terms(model, batch: dict, cfg: RunConfig, regression: bool) -> dict[str
     if out["token_logits"] is not None:
         l_ssa = ssa_loss(out["token_logits"], batch["ssa_labels"]) if "ssa_labels" in batch \
             else out["token_logits"].sum() * 0.0
-        terms = {"loss": cfg.alpha * l_target + (1 - cfg.alpha) * l_ssa,
+        terms = {"loss": alpha * l_target + (1 - alpha) * l_ssa,
                  "loss_target": l_target, "loss_ssa": l_ssa}
     if guided:
-        aux, parts = guiding_loss(out["attentions"], batch["attention_mask"], cfg.guide_loss,
-                                  cfg.pd_factor, cfg.ad_factor, cfg.guide_reduction)
+        aux, parts = guiding_loss(out["attentions"], batch["attention_mask"], guide_loss,
+                                  pd_factor, ad_factor, guide_reduction)
         terms = {**terms, "loss": terms["loss"] + aux, "loss_target": l_target,
                  **{f"loss_{k}": v for k, v in parts.items()}}
     return terms

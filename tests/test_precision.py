@@ -77,7 +77,7 @@ def test_autocast_in_training_and_prediction_with_fp32_weights_losses_and_logits
                                                                                  compute):
     cfg, model, optimizer, accelerator, examples, batch, pad_id, seen = _tiny_setup(precision)
     model.train()
-    terms = _loss_terms(model, batch, cfg, regression=False)
+    terms = _loss_terms(model, batch, regression=False, alpha=cfg.alpha)
     assert seen == [compute]                                  # the forward ran in `compute`
     assert {k: v.dtype for k, v in terms.items()} == dict.fromkeys(
         ["loss", "loss_target", "loss_ssa"], torch.float32)

@@ -5,10 +5,15 @@ import pytest
 
 from kit.config import RunConfig
 from kit.data import IGNORE, Examples
-from kit.ssa import (build_epoch, code_share, draw_masks, masked_copies, ratio_masks, real_tokens,
-                     span_masks, variant_counts)
+from kit.ssa import (Masking, SSASettings, build_epoch, code_share, draw_masks, masked_copies,
+                     ratio_masks, real_tokens, span_masks, variant_counts)
 
 MASK, CLS, SEP, CUE = 103, 101, 102, 7
+
+
+def settings(**knobs) -> SSASettings:
+    """A run's SSA settings as kit.train builds them: RunConfig's defaults plus `knobs`."""
+    return SSASettings.from_config(RunConfig(**knobs))
 
 
 def make_examples(n: int, rng: np.random.Generator, pair: bool = False, cue_every: int = 0) -> Examples:
@@ -62,10 +67,10 @@ def test_span_masks_only_real_tokens_and_code_like_share():
 @pytest.mark.parametrize("scheme", ["ratio", "spans"])
 def test_masks_are_deterministic_per_seed(scheme):
     ex = make_examples(50, np.random.default_rng(3))
-    cfg = RunConfig(mask_scheme=scheme)
-    a = draw_masks(real_tokens(ex), cfg, np.random.default_rng(9))
-    b = draw_masks(real_tokens(ex), cfg, np.random.default_rng(9))
-    c = draw_masks(real_tokens(ex), cfg, np.random.default_rng(10))
+    masking = Masking(scheme, ratio=0.3, aug_threshold=0.1, rm_threshold=0.7)
+    a = draw_masks(real_tokens(ex), masking, np.random.default_rng(9))
+    b = draw_masks(real_tokens(ex), masking, np.random.default_rng(9))
+    c = draw_masks(real_tokens(ex), masking, np.random.default_rng(10))
     assert (a == b).all() and not (a == c).all()
 
 
@@ -100,8 +105,8 @@ def test_paper_rule_labels_flip_tokens_one_and_others_zero(merge):
     train = make_examples(300, rng, cue_every=2)
     train.labels = cue_model(train)
     train.labels[::7] = 1 - train.labels[::7]          # some sentences are predicted wrongly
-    cfg = RunConfig(method="ssa-co", gamma=1.0, label_merge=merge)
-    epoch_set, stats = build_epoch(train, cfg, 1, cue_model, regression=False, mask_id=MASK)
+    ssa = settings(method="ssa-co", gamma=1.0, label_merge=merge)
+    epoch_set, stats = build_epoch(train, ssa, 1, cue_model, regression=False, mask_id=MASK)
     wrong = np.flatnonzero(cue_model(train) != train.labels)
     assert stats["probed"] == 300 and stats["kept"] == 300 - len(wrong)
     assert stats["variants"] == stats["kept"]            # gamma 1: one variant each
@@ -124,8 +129,8 @@ def test_paper_rule_labels_flip_tokens_one_and_others_zero(merge):
 def test_union_merges_several_variants_per_sentence():
     train = make_examples(100, np.random.default_rng(6), cue_every=1)
     train.labels = cue_model(train)
-    cfg = RunConfig(method="ssa-co", gamma=3.0, label_merge="union")
-    epoch_set, stats = build_epoch(train, cfg, 1, cue_model, False, MASK)
+    ssa = settings(method="ssa-co", gamma=3.0, label_merge="union")
+    epoch_set, stats = build_epoch(train, ssa, 1, cue_model, False, MASK)
     assert stats["variants"] == 300 and len(epoch_set) == 100
     for ids, lab in zip(epoch_set.input_ids, epoch_set.ssa_labels):
         assert lab[ids == CUE][0] in (IGNORE, 1)       # the cue is never labelled 0
@@ -136,11 +141,11 @@ def test_paper_rule_regression_tolerance():
     train = make_examples(50, np.random.default_rng(7), cue_every=2)
     train.labels = cue_model(train).astype(np.float32) * 2.0
     predict = lambda ex: cue_model(ex).astype(np.float32) * 2.0 + 0.1  # noqa: E731
-    cfg = RunConfig(method="ssa-h", regression_tolerance=0.3)
-    epoch_set, stats = build_epoch(train, cfg, 1, predict, True, MASK)
+    ssa = settings(method="ssa-h", regression_tolerance=0.3)
+    epoch_set, stats = build_epoch(train, ssa, 1, predict, True, MASK)
     assert stats["kept"] == 50                           # within 0.3 of the target
     assert 0 < stats["flipped"] < stats["variants"]      # moved by 2.0 only when the cue is masked
-    tight = RunConfig(method="ssa-h", regression_tolerance=0.05)
+    tight = settings(method="ssa-h", regression_tolerance=0.05)
     assert build_epoch(train, tight, 1, predict, True, MASK)[1]["kept"] == 0
 
 
@@ -148,9 +153,11 @@ def test_code_rule_keeps_unchanged_copies_with_code_labels_and_share_schedule():
     rng = np.random.default_rng(8)
     train = make_examples(400, rng, cue_every=2)
     train.labels = cue_model(train)
-    cfg = RunConfig(method="ssa-co", label_rule="code", mask_scheme="spans", ssa_start_epoch=1)
-    assert [code_share(cfg, e) for e in range(7)] == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
-    epoch_set, stats = build_epoch(train, cfg, 2, cue_model, False, MASK)
+    ssa = settings(method="ssa-co", label_rule="code", mask_scheme="spans", ssa_start_epoch=1)
+    shares = [code_share(e, ssa.ssa_start_epoch, ssa.code_share_step, ssa.code_share_max)
+              for e in range(7)]
+    assert shares == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    epoch_set, stats = build_epoch(train, ssa, 2, cue_model, False, MASK)
     assert len(epoch_set) == 400                         # copies replace plain examples
     copies = [i for i, ids in enumerate(epoch_set.input_ids) if (ids == MASK).any()]
     assert len(copies) == round(0.4 * 400)
@@ -162,17 +169,17 @@ def test_code_rule_keeps_unchanged_copies_with_code_labels_and_share_schedule():
         assert not (ids == CUE).any() or cue_model(epoch_set.subset([i]))[0] == epoch_set.labels[i]
     plain = [i for i in range(400) if i not in copies]
     assert all((epoch_set.ssa_labels[i][~epoch_set.special[i]] == 1).all() for i in plain)
-    first, _ = build_epoch(train, cfg, 0, cue_model, False, MASK)   # before SSA starts: all-ones
+    first, _ = build_epoch(train, ssa, 0, cue_model, False, MASK)   # before SSA starts: all-ones
     assert all((lab[~s] == 1).all() for lab, s in zip(first.ssa_labels, first.special))
 
 
 def test_labels_are_reproducible_per_seed_and_epoch():
     train = make_examples(120, np.random.default_rng(9), cue_every=3)
     train.labels = cue_model(train)
-    cfg = RunConfig(method="ssa-h", seed=3)
-    a, _ = build_epoch(train, cfg, 1, cue_model, False, MASK)
-    b, _ = build_epoch(train, cfg, 1, cue_model, False, MASK)
-    c, _ = build_epoch(train, cfg, 2, cue_model, False, MASK)
+    ssa = settings(method="ssa-h", seed=3)
+    a, _ = build_epoch(train, ssa, 1, cue_model, False, MASK)
+    b, _ = build_epoch(train, ssa, 1, cue_model, False, MASK)
+    c, _ = build_epoch(train, ssa, 2, cue_model, False, MASK)
     same = lambda x, y: all((p == q).all() for p, q in zip(x.ssa_labels, y.ssa_labels))  # noqa: E731
     assert same(a, b) and not same(a, c)
 
@@ -180,9 +187,9 @@ def test_labels_are_reproducible_per_seed_and_epoch():
 def test_bert_mask_adds_gamma_copies_with_original_labels():
     train = make_examples(100, np.random.default_rng(10))
     train.labels = np.arange(100) % 2
-    cfg = RunConfig(method="bert-mask", gamma=2.0)
-    assert build_epoch(train, cfg, 0, cue_model, False, MASK)[0] is train   # before the start epoch
-    epoch_set, stats = build_epoch(train, cfg, 1, cue_model, False, MASK)
+    ssa = settings(method="bert-mask", gamma=2.0)
+    assert build_epoch(train, ssa, 0, cue_model, False, MASK)[0] is train   # before the start epoch
+    epoch_set, stats = build_epoch(train, ssa, 1, cue_model, False, MASK)
     assert len(epoch_set) == 300 and stats["augmented"] == 200
     copies = epoch_set.subset(range(100, 300))
     assert all((ids == MASK).any() for ids in copies.input_ids)
@@ -192,10 +199,10 @@ def test_bert_mask_adds_gamma_copies_with_original_labels():
 def test_saved_labels_replay(tmp_path):
     train = make_examples(60, np.random.default_rng(11), cue_every=2)
     train.labels = cue_model(train)
-    cfg = RunConfig(method="ssa-co", save_labels=True)
-    first, stats = build_epoch(train, cfg, 1, cue_model, False, MASK, run_dir=tmp_path)
+    ssa = settings(method="ssa-co", save_labels=True)
+    first, stats = build_epoch(train, ssa, 1, cue_model, False, MASK, run_dir=tmp_path)
     assert (tmp_path / "ssa_labels" / "epoch1.pt").exists()
-    replay = RunConfig(method="ssa-co", reuse_labels_from=str(tmp_path))
+    replay = settings(method="ssa-co", reuse_labels_from=str(tmp_path))
     never = lambda ex: (_ for _ in ()).throw(AssertionError("probed despite saved labels"))  # noqa: E731
     again, stats2 = build_epoch(train, replay, 1, never, False, MASK)
     assert stats2["reused"] and stats2["flipped"] == stats["flipped"]
