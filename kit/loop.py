@@ -25,13 +25,14 @@ import numpy as np
 import torch
 
 from kit import progress as kprogress
+from kit.accel import make_accelerator
 from kit import runs
 from kit import tracking as ktracking
 from kit.config import RunConfig
 from kit.data import Examples, collate, sorted_batches
 from kit.metrics import flatten_metrics
 from kit.models import save_model
-from kit.optim import parameter_groups
+from kit.optim import LinearSchedule, parameter_groups
 
 
 class NonFiniteLoss(RuntimeError):
@@ -91,76 +92,6 @@ class Job:
         raise NotImplementedError
 
 
-# ---------------------------------------------------------------- set-up
-
-# CPU features with bf16 matrix instructions (torch.cpu.get_capabilities() names): there a bf16
-# matmul runs ~2.3x the fp32 one (docs/benchmarks.md); elsewhere bf16 is emulated, slower than fp32.
-# ARM's bf16 is left at fp32: not measured.
-NATIVE_BF16_FEATURES = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_has_native_bf16() -> bool:
-    return any(torch.cpu.get_capabilities().get(f, False) for f in NATIVE_BF16_FEATURES)
-
-
-def resolve_precision(requested: str, cuda: bool, cuda_bf16: bool, cpu_bf16: bool) -> str:
-    """What `mixed_precision: auto` means on this machine: bf16 autocast where the hardware has
-    bf16 (GPU: else fp16), fp32 ("no") on a CPU without native bf16. Explicit values stand."""
-    if requested != "auto":
-        return requested
-    if cuda:
-        return "bf16" if cuda_bf16 else "fp16"
-    return "bf16" if cpu_bf16 else "no"
-
-
-def make_accelerator(cfg: RunConfig, log_with: list | None = None,
-                     find_unused_parameters: bool = False):
-    """accelerate with autocast at the resolved precision: prepare() wraps the model's forward, so
-    training, probing and evaluation all run in it; weights and optimizer state stay fp32, and
-    the forward's outputs come back as fp32 (losses and predictions are fp32)."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
-    cuda = torch.cuda.is_available()
-    precision = resolve_precision(cfg.mixed_precision, cuda, cuda and torch.cuda.is_bf16_supported(),
-                                  not cuda and cpu_has_native_bf16())
-    if cuda and cfg.mixed_precision == "auto":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    _allow_precision_change(precision)
-    # multi-task: a batch trains one task's head (and gated stages freeze parameters), so DDP
-    # must not wait for gradients that never come
-    ddp = DistributedDataParallelKwargs(find_unused_parameters=find_unused_parameters)
-    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum,
-                       log_with=log_with or None, kwargs_handlers=[ddp], cpu=not cuda)
-
-
-def _allow_precision_change(precision: str) -> None:
-    """accelerate keeps one precision per process (its AcceleratorState refuses another until
-    reset), so a notebook or test that runs fit in bf16 and then in fp32 would fail. In a single
-    process, forget the old precision; the process state (PartialState) is kept. Models prepared
-    earlier keep the autocast they were wrapped with."""
-    from accelerate.state import AcceleratorState, PartialState
-    state = AcceleratorState._shared_state
-    single = PartialState._shared_state.get("num_processes", 1) == 1
-    if state and single and state.get("_mixed_precision") != precision:
-        AcceleratorState._reset_state()
-
-
-class LinearSchedule:
-    """Linear warm-up then linear decay to 0, as a function of training progress in [0, 1].
-    Progress (not a step count) because SSA and BERT-mask epochs vary in size."""
-
-    def __init__(self, optimizer, warmup_ratio: float):
-        self.optimizer, self.warmup = optimizer, warmup_ratio
-        self.base = [g["lr"] for g in optimizer.param_groups]
-
-    def set_progress(self, p: float) -> float:
-        factor = p / self.warmup if p < self.warmup else (1 - p) / (1 - self.warmup)
-        for group, lr in zip(self.optimizer.param_groups, self.base):
-            group["lr"] = lr * max(factor, 0.0)
-        return self.optimizer.param_groups[0]["lr"]
-
-
 # ---------------------------------------------------------------- the loop
 
 def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dict:
@@ -171,7 +102,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
     hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
     set_seed(cfg.seed)
     accelerator = make_accelerator(
-        cfg, ktracking.trackers(ktracking.resolve(cfg.report_to), cfg.outputs_dir, cfg.profile,
+        cfg.mixed_precision, cfg.grad_accum, ktracking.trackers(ktracking.resolve(cfg.report_to), cfg.outputs_dir, cfg.profile,
                                 cfg.run_id), find_unused_parameters=build.find_unused_parameters)
     accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
     main = accelerator.is_main_process
@@ -189,8 +120,11 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
     def predict(examples: Examples, desc: str = "eval") -> np.ndarray:
         return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc)
 
-    progress = (runs.resume(unwrapped, optimizer, run_dir, job.load)
-                if cfg.save_checkpoints else None) or runs.Progress()
+    # accelerate saves and restores the model, optimizer, every rank's RNG and this progress
+    progress = runs.Progress()
+    accelerator.register_for_checkpointing(progress)
+    if cfg.save_checkpoints:
+        runs.resume(accelerator, run_dir, progress)
     job.resumed(progress.epoch)
     if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
         model = torch.compile(model, dynamic=True)
@@ -271,9 +205,9 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
             runs.write_history(run_dir, progress.history)
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
-        if cfg.save_checkpoints and main:
-            runs.save_checkpoints(unwrapped, job.tokenizer, run_dir, improved, progress,
-                                  optimizer, job.save)
+        if cfg.save_checkpoints:            # every rank: each saves its RNG state
+            runs.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir, improved,
+                                  job.save)
         accelerator.wait_for_everyone()     # the other ranks may read the checkpoint next
 
     if job.has_test:                   # GLUE with predict_test, a CSV task's csv_test_path

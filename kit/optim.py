@@ -100,3 +100,18 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float, layer_dec
 
 def _depth_name(depth: int, top: int) -> str:
     return "embeddings" if depth == 0 else "top" if depth == top else f"layer{depth - 1}"
+
+
+class LinearSchedule:
+    """Linear warm-up then linear decay to 0, as a function of training progress in [0, 1].
+    Progress (not a step count) because SSA and BERT-mask epochs vary in size."""
+
+    def __init__(self, optimizer, warmup_ratio: float):
+        self.optimizer, self.warmup = optimizer, warmup_ratio
+        self.base = [g["lr"] for g in optimizer.param_groups]
+
+    def set_progress(self, p: float) -> float:
+        factor = p / self.warmup if p < self.warmup else (1 - p) / (1 - self.warmup)
+        for group, lr in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = lr * max(factor, 0.0)
+        return self.optimizer.param_groups[0]["lr"]

@@ -5,11 +5,12 @@
     history.csv        one row per logging step
     predictions/       dev predictions of the best epoch (<split>.tsv, multi-task <TASK>/<split>.tsv),
                        test predictions in the GLUE server's format, submission.csv (CSV tasks)
-    checkpoint/        best and last (kit.models.save_model layout); last also holds the loop state
+    checkpoint/        best (kit.models.save_model layout: plain transformers loads it) and last
+                       (accelerate's save_state: model, optimizer, RNGs, loop progress; for resuming)
     notebook.ipynb     written by kit.batch
 
-Every reader and writer of a run folder is here (torch is imported only where checkpoints are
-read or written: tables and figures run without it), and only the main process writes (several
+Every reader and writer of a run folder is here (torch is not imported at module level: tables
+and figures run without it), and only the main process writes (several
 processes of one data-parallel run share the folder). A finished run (metrics.json status ok) is never rerun or
 overwritten; a lock keeps two processes from training one config at once.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import random
 import shutil
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -30,9 +30,6 @@ import pandas as pd
 from kit import io as kio
 from kit.config import RunConfig
 
-STATE_FILE = "trainer_state.pt"
-
-
 class RunLocked(RuntimeError):
     pass
 
@@ -42,7 +39,7 @@ class CheckpointError(RuntimeError):
 
 
 def run_dir_of(cfg: RunConfig) -> Path:
-    return Path(cfg.outputs_dir) / "runs" / cfg.run_id
+    return runs_root(cfg.outputs_dir) / cfg.run_id
 
 
 def finished_metrics(cfg: RunConfig) -> dict | None:
@@ -67,22 +64,73 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def config_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "config.json"
+
+
+def metrics_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "metrics.json"
+
+
+def history_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "history.csv"
+
+
 def read_config(run_dir: str | Path) -> dict | None:
     """The run's config.json, None when it has none (not a run folder)."""
-    path = Path(run_dir) / "config.json"
+    path = config_path(run_dir)
     return read_json(path) if path.exists() else None
 
 
 def read_metrics(run_dir: str | Path) -> dict | None:
     """The run's metrics.json, None while it runs (or was killed before the end)."""
-    path = Path(run_dir) / "metrics.json"
+    path = metrics_path(run_dir)
     return read_json(path) if path.exists() else None
 
 
 def read_history(run_dir: str | Path) -> pd.DataFrame | None:
     """history.csv (step, epoch, wall_s, loss terms, lr), None before the first logged step."""
-    path = Path(run_dir) / "history.csv"
+    path = history_path(run_dir)
     return pd.read_csv(path) if path.exists() else None
+
+
+def runs_root(outputs_dir: str | Path) -> Path:
+    """outputs/runs: one folder per run id."""
+    return Path(outputs_dir) / "runs"
+
+
+def run_folders(root: str | Path) -> list[Path]:
+    """The run folders under a runs root: its non-hidden sub-folders (.locks and the like are
+    not runs), sorted."""
+    return sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def run_started(run_dir: str | Path) -> bool:
+    """Whether a run has used this folder: it wrote config.json (started) or metrics.json (ended,
+    or its kernel died and kit.batch recorded the failure)."""
+    return config_path(run_dir).exists() or metrics_path(run_dir).exists()
+
+
+def dev_predictions_path(run_dir: str | Path, epoch: int | None = None) -> Path:
+    """predictions/dev.tsv (the best epoch's), or dev_epoch<N>.tsv of epoch N (runs that keep
+    every epoch's dev predictions)."""
+    return predictions_dir(Path(run_dir)) / ("dev.tsv" if epoch is None else f"dev_epoch{epoch}.tsv")
+
+
+def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.DataFrame | None:
+    """A single-task run's dev predictions (`dev_predictions_path`) as written: index,
+    prediction, label, all strings (label names stay names, "NA" stays text); None without."""
+    path = dev_predictions_path(run_dir, epoch)
+    if not path.exists():
+        return None
+    return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, quoting=csv.QUOTE_NONE)
+
+
+def best_checkpoint(run_dir: str | Path) -> Path | None:
+    """checkpoint/best when the run kept one (kit.models.save_model's layout, whose head spec,
+    head_spec.json, every saved model has), else None."""
+    folder = Path(run_dir) / "checkpoint" / "best"
+    return folder if (folder / "head_spec.json").exists() else None
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -183,65 +231,63 @@ class Progress:
     best: dict | None = None
     resumed_after_epoch: int | None = None
 
+    def state_dict(self) -> dict:          # accelerate's register_for_checkpointing protocol
+        return asdict(self)
 
-def _rng_state() -> dict:
-    import torch
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def save_checkpoints(model, tokenizer, run_dir: Path, improved: bool, progress: Progress,
-                     optimizer, save) -> None:
-    """After an epoch: `best` when it improved, and always `last` with the loop state (progress,
-    optimizer, RNG) that `resume` reads back. `save(model, tokenizer, folder)` writes a model."""
-    if improved:
-        _save_atomic(save, model, tokenizer, run_dir / "checkpoint" / "best")
-    _save_atomic(save, model, tokenizer, run_dir / "checkpoint" / "last",
-                 state={"progress": asdict(progress), "optimizer": optimizer.state_dict(),
-                        "rng": _rng_state()})
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
 
 
-def resume(model, optimizer, run_dir: Path, load) -> Progress | None:
-    """Load the last checkpoint's weights (read with `load`), optimizer, RNG and loop state, if
-    there is one. SSA labels need no saving: they are regenerated from the restored model and
-    the (seed, epoch)-seeded generator, exactly as the uninterrupted run drew them."""
-    import torch
+def save_checkpoints(accelerator, model, tokenizer, run_dir: Path, improved: bool, save) -> None:
+    """After an epoch, called on every rank: `best` (the model as `save(model, tokenizer, folder)`
+    writes it, loadable by plain transformers) when it improved, and always `last`, accelerate's
+    state (model, optimizer, each rank's RNG, the registered Progress) that `resume` reads back.
+    Both are written beside and swapped in, so a kill never leaves a half checkpoint."""
+    main = accelerator.is_main_process
+    folder = run_dir / "checkpoint"
+    if improved and main:
+        _swap_in(lambda tmp: save(model, tokenizer, tmp), folder / "best")
+    tmp = folder / "last.tmp"
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()        # every rank's RNG file is in
+    if main:
+        _swap_in(None, folder / "last")
+
+
+def resume(accelerator, run_dir: Path, progress: Progress) -> bool:
+    """Restore the last checkpoint, if there is one, into the prepared model and optimizer, the
+    RNGs and `progress` (registered with the accelerator). SSA labels need no saving: they are
+    regenerated from the restored model and the (seed, epoch)-seeded generator, exactly as the
+    uninterrupted run drew them. A checkpoint of a run with another number of processes does
+    not load (DDP's parameter names differ): the error says to delete it."""
     last = run_dir / "checkpoint" / "last"
-    # a kill between the two renames of _save_atomic leaves only the previous copy, as .old
-    folder = next((f for f in (last, last.with_name("last.old")) if (f / STATE_FILE).exists()), None)
+    # a kill between the two renames of _swap_in leaves only the previous copy, as .old
+    folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
     if folder is None:
-        return None
+        return False
     try:
-        state = torch.load(folder / STATE_FILE, weights_only=False)
-        model.load_state_dict(load(folder)[0].state_dict())
-        optimizer.load_state_dict(state["optimizer"])
+        accelerator.load_state(str(folder))
     except Exception as err:
         raise CheckpointError(f"{folder} is corrupt ({type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}); delete "
                               "that folder to restart the run from scratch") from None
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
-    if state["rng"]["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    progress = Progress(**state["progress"])
     progress.resumed_after_epoch = progress.epoch
-    return progress
+    return True
 
 
-def _save_atomic(save, model, tokenizer, folder: Path, state: dict | None = None) -> None:
-    """Write into a sibling temp folder, then swap it in: a crash never leaves a half checkpoint."""
-    import torch
+def _swap_in(write, folder: Path) -> None:
+    """Swap `folder.tmp` in as `folder` (after `write(tmp)` made it, if given), keeping the old
+    copy as `folder.old` until the new one is in place."""
     tmp = folder.with_name(folder.name + ".tmp")
     old = folder.with_name(folder.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if write is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp)
     if folder.exists():                    # else .old may be the only complete copy
         shutil.rmtree(old, ignore_errors=True)
-    save(model, tokenizer, tmp)
-    if state is not None:
-        torch.save(state, tmp / STATE_FILE)
-    if folder.exists():
         folder.rename(old)
     tmp.rename(folder)
     shutil.rmtree(old, ignore_errors=True)

@@ -115,7 +115,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path)
     base = {**SSA, "synthetic_size": 2000, "epochs": 3, "save_labels": False}
     killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
     proc = torchrun(killed, tmp_path, wait=False)
-    state = run_dir_of(killed) / "checkpoint" / "last" / "trainer_state.pt"
+    state = run_dir_of(killed) / "checkpoint" / "last"   # swapped in whole
     started = time.time()
     while not state.exists():
         assert proc.poll() is None, "the run ended before its first checkpoint"

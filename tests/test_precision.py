@@ -4,12 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from kit import loop
+from kit import accel
 from kit.config import RunConfig
 from kit.data import collate, encode, load_task_data
-from kit.loop import make_accelerator as _accelerator
+from kit.accel import make_accelerator, resolve_precision
 from kit.loop import predict_logits as _predict_logits
-from kit.loop import resolve_precision
 from kit.models import HeadSpec, SequenceModel, load_backbone
 from kit.train import fit
 from kit.train import loss_terms as _loss_terms
@@ -38,7 +37,7 @@ def test_resolve_precision(requested, cuda, cuda_bf16, cpu_bf16, want):
 ])
 def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch, caps, want):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-    assert loop.cpu_has_native_bf16() is want
+    assert accel.cpu_has_native_bf16() is want
 
 
 @CPU_ONLY
@@ -46,9 +45,9 @@ def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch, caps, want):
 def test_auto_follows_the_detector_and_may_change_within_a_process(monkeypatch, native, want):
     """Three accelerators in a row in one process (bf16, fp32, bf16): accelerate's singleton
     state would refuse the second without the reset."""
-    monkeypatch.setattr(loop, "cpu_has_native_bf16", lambda: native)
-    assert _accelerator(RunConfig()).mixed_precision == want
-    assert _accelerator(RunConfig(mixed_precision="no")).mixed_precision == "no"
+    monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: native)
+    assert make_accelerator().mixed_precision == want
+    assert make_accelerator("no").mixed_precision == "no"
 
 
 def _tiny_setup(precision: str):
@@ -61,7 +60,7 @@ def _tiny_setup(precision: str):
     backbone, tokenizer = load_backbone("tiny")
     model = SequenceModel(backbone, HeadSpec(num_labels=2, method="ssa-h"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    accelerator = _accelerator(cfg)
+    accelerator = make_accelerator(cfg.mixed_precision)
     model, optimizer = accelerator.prepare(model, optimizer)
     examples = encode(tokenizer, data.train, cfg.max_length, regression=False)
     examples = examples.with_ssa_labels([np.where(s, -100, i % 2) for i, s in

@@ -68,9 +68,11 @@ def test_output_contract(tmp_path):
     history = (run / "history.csv").read_text().splitlines()
     assert history[0].startswith("step,epoch,wall_s,loss") and len(history) > 2
     assert "loss_ssa" in history[0]
-    for name in ("best", "last"):
-        folder = run / "checkpoint" / name
-        assert (folder / "config.json").exists() and (folder / "heads.safetensors").exists()
+    best = run / "checkpoint" / "best"            # plain-transformers layout + the kit's heads
+    assert (best / "config.json").exists() and (best / "heads.safetensors").exists()
+    last = sorted(p.name for p in (run / "checkpoint" / "last").iterdir())   # accelerate's state
+    assert last == ["custom_checkpoint_0.pkl", "model.safetensors", "optimizer.bin",
+                    "random_states_0.pkl"]
     dev = (run / "predictions" / "dev.tsv").read_text().splitlines()
     assert dev[0] == "index\tprediction\tlabel" and len(dev) == 1 + 100
     assert not list(run.rglob("*.tmp*"))
