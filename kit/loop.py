@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from kit import progress as kprogress
-from kit.accel import make_accelerator
 from kit import runs
 from kit import tracking as ktracking
+from kit.accel import make_accelerator
 from kit.config import RunConfig
 from kit.data import Examples, collate, sorted_batches
 from kit.metrics import flatten_metrics

@@ -30,6 +30,7 @@ import pandas as pd
 from kit import io as kio
 from kit.config import RunConfig
 
+
 class RunLocked(RuntimeError):
     pass
 

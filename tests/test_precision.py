@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from kit import accel
+from kit.accel import make_accelerator, resolve_precision
 from kit.config import RunConfig
 from kit.data import collate, encode, load_task_data
-from kit.accel import make_accelerator, resolve_precision
 from kit.loop import predict_logits as _predict_logits
 from kit.models import HeadSpec, SequenceModel, load_backbone
 from kit.train import fit
