@@ -115,7 +115,8 @@ def run_started(run_dir: str | Path) -> bool:
 def dev_predictions_path(run_dir: str | Path, epoch: int | None = None) -> Path:
     """predictions/dev.tsv (the best epoch's), or dev_epoch<N>.tsv of epoch N (runs that keep
     every epoch's dev predictions)."""
-    return predictions_dir(Path(run_dir)) / ("dev.tsv" if epoch is None else f"dev_epoch{epoch}.tsv")
+    name = "dev.tsv" if epoch is None else f"dev_epoch{epoch}.tsv"
+    return predictions_dir(Path(run_dir)) / name
 
 
 def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.DataFrame | None:
@@ -262,13 +263,18 @@ def resume(accelerator, run_dir: Path, progress: Progress) -> bool:
     """Restore the last checkpoint, if there is one, into the prepared model and optimizer, the
     RNGs and `progress` (registered with the accelerator). SSA labels need no saving: they are
     regenerated from the restored model and the (seed, epoch)-seeded generator, exactly as the
-    uninterrupted run drew them. A checkpoint of a run with another number of processes does
-    not load (DDP's parameter names differ): the error says to delete it."""
+    uninterrupted run drew them. A checkpoint written by another number of processes is refused
+    (DDP's parameter names and the per-rank RNG files differ)."""
     last = run_dir / "checkpoint" / "last"
     # a kill between the two renames of _swap_in leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
     if folder is None:
         return False
+    wrote = len(list(folder.glob("random_states_*.pkl")))     # one per rank
+    if wrote != accelerator.num_processes:
+        raise CheckpointError(f"{folder} was written by {wrote} process(es), this run has "
+                              f"{accelerator.num_processes}: resume it with --processes {wrote}, "
+                              "or delete that folder to restart the run from scratch")
     try:
         accelerator.load_state(str(folder))
     except Exception as err:

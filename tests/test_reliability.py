@@ -144,3 +144,15 @@ def test_two_batches_on_one_profile_at_once(tmp_path):
     assert "KeyboardInterrupt" not in text and "\r" not in text
     for line in ("epoch 0/1: dev accuracy", "epoch 1/1: dev accuracy", ": started"):
         assert text.count(line) >= 4, line                 # every run, whichever batch ran it
+
+
+def test_a_checkpoint_of_another_process_count_is_refused_with_the_count(tmp_path):
+    cfg = RunConfig(**{**KILLABLE, "synthetic_size": 100, "epochs": 1}, outputs_dir=str(tmp_path))
+    fit(cfg)
+    run = run_dir_of(cfg)
+    (run / "metrics.json").unlink()
+    last = run / "checkpoint" / "last"
+    (last / "random_states_1.pkl").write_bytes((last / "random_states_0.pkl").read_bytes())
+    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\), this run has 1: "
+                                              r"resume it with --processes 2"):
+        fit(cfg)
