@@ -8,8 +8,8 @@ times, alternated:
     imports      a fresh interpreter: import kit.train and kit.views (what finetune.ipynb
                  imports), accelerate, and load the model with its tokenizer (load_backbone)
     tokenize     read the task's train + dev split and encode them, no cache
-    cached       the same with the token cache (kit.data.token_cache_dir), warm: what the second
-                 and later points of a grid pay
+    cached       the same with the token cache (kit.token_cache.token_cache_dir), warm: what
+                 the second and later points of a grid pay
 
     python bench/point_overhead.py --task SST-2 --json outputs/bench/point_overhead_sst2.json
 """
@@ -27,8 +27,8 @@ import common  # noqa: E402
 
 IMPORTS = ("import kit.train, kit.views, accelerate; from kit.models import load_backbone; "
            "load_backbone({model!r})")
-TOKENIZE = ("from kit.config import RunConfig; from kit.data import encode, load_task_data, "
-            "token_cache_dir; from kit.models import load_tokenizer; "
+TOKENIZE = ("from kit.config import RunConfig; from kit.data import encode, load_task_data; "
+            "from kit.token_cache import token_cache_dir; from kit.models import load_tokenizer; "
             "cfg = RunConfig(task={task!r}, max_train_examples={max_train}); "
             "data = load_task_data(cfg); tok = load_tokenizer({model!r}); "
             "import time; t0, c0 = time.perf_counter(), time.process_time(); "

@@ -35,18 +35,10 @@ import torch
 
 from kit import methods
 from kit.config import RunConfig
-from kit.data import IGNORE, Examples
+from kit.data import IGNORE, Examples, pad_rows
 from kit.io import atomic_torch_save
 
 PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
-
-
-def pad_rows(rows: list[np.ndarray], fill) -> np.ndarray:
-    width = max((len(r) for r in rows), default=0)
-    out = np.full((len(rows), width), fill, dtype=rows[0].dtype if rows else np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
 
 
 def unpad(matrix: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:

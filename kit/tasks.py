@@ -61,6 +61,15 @@ class Split:
             folds=None if self.folds is None else self.folds[idx], extra=dict(self.extra))
 
 
+@dataclass
+class TaskData:
+    """A task with its splits, as a run reads them (kit.data.load_task_data)."""
+    task: Task
+    train: Split
+    dev: dict[str, Split]              # dev split name -> split (MNLI has two)
+    test: dict[str, Split]
+
+
 _BIN = ("0", "1")
 _ENT2 = ("entailment", "not_entailment")
 GLUE_TASKS: dict[str, Task] = {t.name: t for t in [

@@ -20,8 +20,7 @@ import torch
 from kit import loop, runs
 from kit import metrics as kmetrics
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
-from kit.data import (encode, length_grouped_batches, load_task_data, random_batches,
-                      token_cache_dir)
+from kit.data import encode, length_grouped_batches, load_task_data, random_batches
 from kit.guiding import guiding_loss
 from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, ssa_loss,
                         target_loss)
@@ -29,6 +28,7 @@ from kit.multitask import MultiTask
 from kit.runs import CheckpointError, RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
 from kit.ssa import SSASettings, build_epoch
 from kit.submission import write_csv_submission
+from kit.token_cache import token_cache_dir
 
 
 def fit(cfg: RunConfig) -> dict:

@@ -4,8 +4,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
-from kit import data, synthetic
+from kit import data, synthetic, token_cache
 from kit.config import RunConfig
 from kit.data import (IGNORE, Examples, collate, encode, length_grouped_batches, load_task_data,
                       random_batches, sorted_batches)
@@ -179,6 +182,54 @@ def test_collate_without_optional_fields():
     assert batch["labels"].dtype == torch.float32
 
 
+def reference_padding(rows, fill, dtype) -> torch.Tensor:
+    """The plain definition: each row as a list, `fill` appended up to the longest row."""
+    width = max(len(r) for r in rows)
+    return torch.tensor([[*r.tolist(), *[fill] * (width - len(r))] for r in rows], dtype=dtype)
+
+
+@st.composite
+def ragged_batch(draw):
+    """Random ragged rows (1-12 tokens, int32 or int64 source arrays), optional token types and
+    SSA labels, class or regression labels, and a batch of row indices (any order, repeats)."""
+    n = draw(st.integers(1, 8))
+    lengths = draw(st.lists(st.integers(1, 12), min_size=n, max_size=n))
+    int_dtype = draw(st.sampled_from([np.int32, np.int64]))
+
+    def rows(dtype, elements):
+        return [draw(hnp.arrays(dtype, k, elements=elements)) for k in lengths]
+
+    labels = (hnp.arrays(np.float32, n, elements=st.floats(-5, 5, width=32)) if draw(st.booleans())
+              else hnp.arrays(np.int64, n, elements=st.integers(0, 4)))
+    ex = Examples(rows(int_dtype, st.integers(0, 2**31 - 1)),
+                  rows(int_dtype, st.integers(0, 1)) if draw(st.booleans()) else None,
+                  rows(np.bool_, st.booleans()), draw(labels),
+                  rows(int_dtype, st.sampled_from([IGNORE, 0, 1])) if draw(st.booleans()) else None)
+    idx = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=10))
+    return ex, idx, draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=200)
+@given(ragged_batch())
+def test_collate_is_plain_padding(case):
+    ex, idx, pad_id = case
+    batch = collate(ex, idx, pad_id)
+    want = {"input_ids": reference_padding([ex.input_ids[i] for i in idx], pad_id, torch.int64),
+            "attention_mask": reference_padding([np.ones(len(ex.input_ids[i])) for i in idx], 0,
+                                                torch.int64),
+            "special_mask": reference_padding([ex.special[i] for i in idx], True, torch.bool),
+            "labels": torch.from_numpy(ex.labels[idx]), "rows": torch.tensor(idx)}
+    if ex.token_type_ids is not None:
+        want["token_type_ids"] = reference_padding([ex.token_type_ids[i] for i in idx], 0,
+                                                   torch.int64)
+    if ex.ssa_labels is not None:
+        want["ssa_labels"] = reference_padding([ex.ssa_labels[i] for i in idx], IGNORE,
+                                               torch.int64)
+    assert batch.keys() == want.keys()
+    for name, tensor in want.items():
+        assert batch[name].dtype == tensor.dtype and torch.equal(batch[name], tensor), name
+
+
 # --------------------------------------------------------------------------- batching
 
 def check_partition(batches, n, batch_size):
@@ -293,14 +344,16 @@ def test_examples_concat_fills_missing_ssa_labels():
 
 def test_cap_is_the_same_subset_for_every_seed():
     train = synthetic.generate(False, 300, "train")
-    picks = [data._cap(train, RunConfig(seed=s, max_train_examples=40)).ids for s in range(5)]
+    picks = [load_task_data(RunConfig(task="synthetic", synthetic_size=300, seed=s,
+                                      max_train_examples=40)).train.ids for s in range(5)]
     assert all(p == picks[0] for p in picks) and len(picks[0]) == 40
+    assert picks[0] == data._cap(train, 40).ids
     assert picks[0] == sorted(picks[0], key=int)        # kept in file order
     assert picks[0] != [str(i) for i in range(40)]      # but not simply the first rows
-    assert data._cap(train, RunConfig(max_train_examples=0)) is train
-    assert data._cap(train, RunConfig(max_train_examples=300)) is train
-    assert data._cap(train, RunConfig(max_train_examples=5000)) is train
-    capped = data._cap(train, RunConfig(max_train_examples=40))
+    assert data._cap(train, 0) is train
+    assert data._cap(train, 300) is train
+    assert data._cap(train, 5000) is train
+    capped = data._cap(train, 40)
     for i, row in enumerate(int(x) for x in capped.ids):
         assert capped.text_a[i] == train.text_a[row]
         assert capped.importance[i] == train.importance[row]
@@ -370,7 +423,7 @@ def test_cached_encode_is_the_plain_one_and_the_second_run_reads_the_cache(tok, 
     plain = encode(tok, split, 12, regression=False)
     first = encode(tok, split, 12, regression=False, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*.npz"))) == 1 and not list(tmp_path.glob("*.tmp*"))
-    monkeypatch.setattr(data, "_tokenize", lambda *a: pytest.fail("tokenized again"))
+    monkeypatch.setattr(token_cache, "tokenize", lambda *a: pytest.fail("tokenized again"))
     second = encode(tok, split, 12, regression=False, cache_dir=tmp_path)
     for got in (first, second):
         assert_same_examples(got, plain)
@@ -389,24 +442,25 @@ def test_cached_synthetic_split_keeps_its_token_importance(tok, tmp_path):
 def test_token_cache_key_follows_tokenizer_length_and_texts(tmp_path):
     tok = load_tokenizer("minilm")            # a fresh copy: add_tokens changes it
     split = make_split(SINGLE, PAIR_B)
-    key = data.token_cache_key(tok, split, 128)
-    assert key == data.token_cache_key(tok, make_split(SINGLE, PAIR_B, labels=[0, 0, 1]), 128)
-    others = {data.token_cache_key(tok, split, 64),
-              data.token_cache_key(tok, make_split(SINGLE, PAIR_B[:2] + ["other"]), 128),
-              data.token_cache_key(tok, make_split(SINGLE), 128),
-              data.token_cache_key(tok, make_split(PAIR_B, SINGLE), 128)}  # a and b swapped
+    key = token_cache.token_cache_key(tok, split, 128)
+    assert key == token_cache.token_cache_key(tok, make_split(SINGLE, PAIR_B, labels=[0, 0, 1]),
+                                              128)
+    others = {token_cache.token_cache_key(tok, split, 64),
+              token_cache.token_cache_key(tok, make_split(SINGLE, PAIR_B[:2] + ["other"]), 128),
+              token_cache.token_cache_key(tok, make_split(SINGLE), 128),
+              token_cache.token_cache_key(tok, make_split(PAIR_B, SINGLE), 128)}  # a and b swapped
     tok.add_tokens(["xyzzyword"])
-    others.add(data.token_cache_key(tok, split, 128))
+    others.add(token_cache.token_cache_key(tok, split, 128))
     assert len(others) == 5 and key not in others
 
 
 def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
     split = make_split(SINGLE, labels=[1, 0, 1])
-    path = tmp_path / f"{data.token_cache_key(tok, split, 128)}.npz"
+    path = tmp_path / f"{token_cache.token_cache_key(tok, split, 128)}.npz"
     path.write_bytes(b"half a file")
     got = encode(tok, split, 128, regression=False, cache_dir=tmp_path)
     assert_same_examples(got, encode(tok, split, 128, regression=False))
-    assert_same_examples(Examples(*data._load_tokens(path), labels=got.labels), got)
+    assert_same_examples(Examples(*token_cache.load_tokens(path), labels=got.labels), got)
 
 
 
@@ -415,7 +469,7 @@ def test_the_second_run_of_a_grid_reads_its_splits_from_the_token_cache(tmp_path
     base = {"task": "synthetic", "model": "tiny", "synthetic_size": 64, "epochs": 1,
             "save_checkpoints": False, "outputs_dir": str(tmp_path)}
     first = fit(RunConfig(**base, seed=0))
-    assert len(list(data.token_cache_dir(tmp_path).glob("*.npz"))) == 2       # train, dev
-    monkeypatch.setattr(data, "_tokenize", lambda *a: pytest.fail("tokenized again"))
+    assert len(list(token_cache.token_cache_dir(tmp_path).glob("*.npz"))) == 2       # train, dev
+    monkeypatch.setattr(token_cache, "tokenize", lambda *a: pytest.fail("tokenized again"))
     second = fit(RunConfig(**base, seed=1))
     assert first["status"] == second["status"] == "ok"
