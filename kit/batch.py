@@ -31,7 +31,8 @@ from kit.config import ConfigError, RunConfig
 from kit.data import glue_source, load_task_data
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError, hub_unreachable
-from kit.runs import finished_metrics, make_run_dir, read_metrics, record_failed, run_dir_of
+from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
+                      run_dir_of)
 from kit.tasks import GLUE_TASKS
 
 # Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
@@ -258,16 +259,16 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
 def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
     """Tables of every run of the profile that has a folder (this shard's and others'), and the
     profile's figures; `show` prints the first table to the terminal."""
-    from kit import report
+    from kit import report, table_sets, writers
     run_dirs = [d for d in (run_dir_of(RunConfig.from_dict(p)) for p in profile.points)
-                if (d / "config.json").exists()]
+                if config_path(d).exists()]
     if not run_dirs:
         return []
     runs = report.load_runs(run_dirs)
     varying = [k for k in dict.fromkeys(k for p in profile.points for k in p)
                if len({json.dumps(p.get(k), sort_keys=True) for p in profile.points}) > 1]
-    tables = report.profile_tables(runs, varying)
-    paths = report.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
+    tables = table_sets.profile_tables(runs, varying)
+    paths = writers.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
     if show:
         title, table = next(iter(tables.items()))
         named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()

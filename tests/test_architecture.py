@@ -82,3 +82,16 @@ def test_method_names_are_tested_only_in_the_registry():
     pattern = re.compile(r'method\s*(==|!=|in|not in)\s*\(?"(bert|bert-mask|ssa-co|ssa-h|embert|gated)"')
     hits = [f"{p.name}: {m.group(0)}" for p in KIT.glob("*.py") for m in pattern.finditer(p.read_text())]
     assert not hits
+
+
+def test_results_modules_read_run_folders_through_kit_runs():
+    """Tables and figures never name a run's files: a path segment such as "metrics.json" or
+    "predictions" as a string of its own (messages may mention them) is kit.runs' alone."""
+    run_files = {"config.json", "metrics.json", "history.csv", "predictions", "checkpoint",
+                 "dev.tsv", "head_spec.json", "runs"}
+    results = ("report", "tables", "selection", "fold_tables", "table_sets", "writers",
+               "figure_data", "token_view", "figures")
+    hits = [f"{name}.py: {node.value!r}" for name in results
+            for node in ast.walk(ast.parse((KIT / f"{name}.py").read_text()))
+            if isinstance(node, ast.Constant) and node.value in run_files]
+    assert not hits

@@ -1,5 +1,6 @@
-"""kit.figures' data extraction on hand-made run folders (config.json, metrics.json,
-history.csv as the training loop writes them), and the plots drawn from those frames."""
+"""kit.figure_data and kit.token_view.find_run on hand-made run folders (config.json,
+metrics.json, history.csv as the training loop writes them), and kit.figures' plots of those
+frames."""
 import json
 import math
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from kit import figures  # noqa: E402
+from kit import figure_data, figures, token_view  # noqa: E402
 from kit.report import load_runs  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def gamma_runs(tmp_path):
 
 
 def test_gamma_points_mean_std_over_seeds(gamma_runs):
-    points = figures.gamma_points(gamma_runs)
+    points = figure_data.gamma_points(gamma_runs)
     assert list(zip(points["method"], points["gamma"])) == [
         ("bert-mask", 0.6), ("bert-mask", 2.0), ("ssa-h", 0.6), ("ssa-h", 2.0)]
     row = points[(points["method"] == "ssa-h") & (points["gamma"] == 0.6)].iloc[0]
@@ -67,26 +68,26 @@ def test_gamma_points_mean_std_over_seeds(gamma_runs):
 
 
 def test_gamma_baseline_counts_each_seed_once(gamma_runs):
-    base = figures.gamma_baseline(gamma_runs)
+    base = figure_data.gamma_baseline(gamma_runs)
     assert base["n"] == 3 and base["mean"] == pytest.approx(80.0)
     assert base["std"] == pytest.approx(2.0) and base["label"] == "BERT-r"
-    assert figures.gamma_baseline(gamma_runs, baseline="none") is None
+    assert figure_data.gamma_baseline(gamma_runs, baseline="none") is None
 
 
 def test_gamma_points_refuse_mixed_configurations_and_tasks(tmp_path, gamma_runs):
     make_run(tmp_path, "other-lr", method="ssa-h", gamma=0.6, seed=0, lr=2e-5)
     with pytest.raises(ValueError, match="several finished runs"):
-        figures.gamma_points(load_runs(tmp_path))
+        figure_data.gamma_points(load_runs(tmp_path))
     mixed = pd.concat([gamma_runs, gamma_runs.assign(task="RTE")])
     with pytest.raises(ValueError, match="one task"):
-        figures.gamma_points(mixed)
+        figure_data.gamma_points(mixed)
     with pytest.raises(ValueError, match="no finished runs"):
-        figures.gamma_points(gamma_runs[gamma_runs["method"] == "bert"])
+        figure_data.gamma_points(gamma_runs[gamma_runs["method"] == "bert"])
 
 
 def test_plot_gamma_and_save_figure(tmp_path, gamma_runs):
-    fig = figures.plot_gamma(figures.gamma_points(gamma_runs),
-                             figures.gamma_baseline(gamma_runs))
+    fig = figures.plot_gamma(figure_data.gamma_points(gamma_runs),
+                             figure_data.gamma_baseline(gamma_runs))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "BERT-r (n=3)", "BERT-mask (n=3)", "SSA-H (n=3)"]
@@ -117,18 +118,18 @@ def test_cost_curves_from_history(tmp_path):
     make_run(tmp_path, "h1", method="ssa-h", seed=1, history=history([1.0, 0.6], [0.9, 0.5]))
     make_run(tmp_path, "co", method="ssa-co", history=history([0.5]))
     runs = load_runs(tmp_path)
-    curves = figures.cost_curves(runs)
+    curves = figure_data.cost_curves(runs)
     assert set(curves["method"]) == {"bert", "ssa-h"}                  # ssa-co not in Fig. 6
     bert = curves[curves["run_id"] == "b"]
     assert list(bert["wall_s"]) == [2.0, 4.0, 6.0] and list(bert["step"]) == [10, 20, 30]
     assert bert["log10_loss"].iloc[1] == pytest.approx(-1.0)
     assert math.isnan(bert["log10_loss"].iloc[2])                       # log of 0: left out
-    target = figures.cost_curves(runs, loss="loss_target", seeds=[0])
+    target = figure_data.cost_curves(runs, loss="loss_target", seeds=[0])
     assert list(target.loc[target["method"] == "ssa-h", "loss"]) == [0.8, 0.4]
     assert list(target.loc[target["method"] == "bert", "loss"]) == [0.7, 0.1, 0.0]  # = loss
     assert set(target["seed"]) == {0}
     with pytest.raises(ValueError, match="no column 'loss_x'"):
-        figures.cost_curves(runs, loss="loss_x")
+        figure_data.cost_curves(runs, loss="loss_x")
     fig = figures.plot_cost(curves)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["BERT-r", "SSA-H (2 seeds)"]
@@ -139,11 +140,11 @@ def test_cost_summary_and_missing_history(tmp_path):
     make_run(tmp_path, "h", method="ssa-h", history=history([0.9]))
     make_run(tmp_path, "m", method="bert-mask")                        # no history.csv
     runs = load_runs(tmp_path)
-    summary = figures.cost_summary(runs)
+    summary = figure_data.cost_summary(runs)
     assert list(summary["method"]) == ["bert-mask", "ssa-h"]
     assert summary["label_generation_share"].iloc[1] == pytest.approx(2 / 11, abs=1e-3)
     with pytest.raises(ValueError, match="history.csv not found"):
-        figures.cost_curves(runs)
+        figure_data.cost_curves(runs)
 
 
 # ---------------------------------------------------------------- SSA label quality
@@ -162,7 +163,7 @@ def test_label_quality_per_epoch(tmp_path):
     make_run(tmp_path, "m", task="synthetic", method="bert-mask",
              ssa_labels=[{"epoch": 1, "augmented": 100}])
     runs = load_runs(tmp_path)
-    frame = figures.label_quality(runs)
+    frame = figure_data.label_quality(runs)
     assert list(zip(frame["run_id"], frame["epoch"])) == [("h0", 1), ("h0", 2), ("h1", 1)]
     assert frame["cue_share_label1"].tolist() == [0.6, 0.8, 0.4]
     assert frame["distractor_share_label1"].tolist() == [0.1, 0.05, 0.3]
@@ -173,7 +174,7 @@ def test_label_quality_per_epoch(tmp_path):
                                              "SSA-H: distractors (n=2)"]
     matplotlib.pyplot.close("all")
     with pytest.raises(ValueError, match="no SSA label statistics"):
-        figures.label_quality(runs[runs["method"] == "bert-mask"], methods=("bert-mask",))
+        figure_data.label_quality(runs[runs["method"] == "bert-mask"], methods=("bert-mask",))
 
 
 # ---------------------------------------------------------------- case study (Fig. 8)
@@ -202,18 +203,18 @@ def test_find_run_needs_a_checkpoint(tmp_path):
     make_run(tmp_path, "b", method="bert", score=0.7)
     runs = load_runs(tmp_path)
     with pytest.raises(ValueError, match="save_checkpoints"):
-        figures.find_run(runs, "bert", seed=0)
+        token_view.find_run(runs, "bert", seed=0)
     with pytest.raises(ValueError, match="no finished run"):
-        figures.find_run(runs, "ssa-h")
+        token_view.find_run(runs, "ssa-h")
     (tmp_path / "b" / "checkpoint" / "best").mkdir(parents=True)
     (tmp_path / "b" / "checkpoint" / "best" / "head_spec.json").write_text("{}")
-    assert figures.find_run(runs, "bert", seed=0) == tmp_path / "b"
+    assert token_view.find_run(runs, "bert", seed=0) == tmp_path / "b"
 
 
 # ---------------------------------------------------------------- paper-ready details
 
 def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
-    fig = figures.plot_gamma(figures.gamma_points(gamma_runs), figures.gamma_baseline(gamma_runs))
+    fig = figures.plot_gamma(figure_data.gamma_points(gamma_runs), figure_data.gamma_baseline(gamma_runs))
     assert fig.axes[0].get_title().startswith("SST-2, minilm, seeds 0-2: ")
     markers = {c.get_label(): c.lines[0].get_marker() for c in fig.axes[0].containers}
     assert list(markers) == ["BERT-mask (n=3)", "SSA-H (n=3)"]
@@ -221,7 +222,7 @@ def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
     cost = tmp_path / "cost"                                 # apart from the gamma runs
     make_run(cost, "b", method="bert", history=history([0.7, 0.5]))
     make_run(cost, "h", method="ssa-h", seed=2, history=history([0.9, 0.5], [0.8, 0.4]))
-    fig = figures.plot_cost(figures.cost_curves(load_runs(cost)))
+    fig = figures.plot_cost(figure_data.cost_curves(load_runs(cost)))
     assert fig.axes[0].get_title() == ("Training cost on SST-2, minilm, seeds 0, 2: "
                                        "loss against time")
     assert fig.axes[0].get_ylabel() == "log10 target-task loss L_target"
@@ -230,7 +231,7 @@ def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
 
 def test_label_quality_cue_and_distractor_markers_differ(tmp_path):
     make_run(tmp_path, "h0", task="synthetic", method="ssa-h", ssa_labels=[stats(1, 0.6, 0.1)])
-    fig = figures.plot_label_quality(figures.label_quality(load_runs(tmp_path)))
+    fig = figures.plot_label_quality(figure_data.label_quality(load_runs(tmp_path)))
     ax = fig.axes[0]
     lines = [line for line in ax.get_lines() if len(line.get_xdata())]
     faces = {str(line.get_markerfacecolor()) for line in lines}
@@ -244,7 +245,7 @@ def test_no_ssa_loss_before_ssa_starts(tmp_path):
     rows = history([0.5, 0.5, 0.4, 0.3], [0.7, 0.7, 0.5, 0.4])
     rows.update(epoch=[0.5, 1.0, 1.5, 2.0], loss_ssa=[0.0, 0.0, 0.2, 0.1])
     make_run(tmp_path, "h", method="ssa-h", history=rows, ssa_start_epoch=1)
-    curves = figures.cost_curves(load_runs(tmp_path), loss="loss_ssa")
+    curves = figure_data.cost_curves(load_runs(tmp_path), loss="loss_ssa")
     assert curves["loss"].isna().tolist() == [True, True, False, False]
     assert curves["loss"].tolist()[2:] == [0.2, 0.1]
 
@@ -253,7 +254,7 @@ def test_gamma_points_keep_the_equal_steps_budget_apart(tmp_path, gamma_runs):
     for seed, value in enumerate([0.76, 0.78, 0.80]):
         make_run(tmp_path, f"eq-{seed}", method="bert-mask", gamma=2.0, seed=seed, score=value,
                  budget="equal_steps")
-    points = figures.gamma_points(load_runs(tmp_path))
+    points = figure_data.gamma_points(load_runs(tmp_path))
     capped = points[points["budget"] == "equal_steps"]
     assert capped["label"].tolist() == ["BERT-mask (equal steps)"]
     assert capped["mean"].tolist() == pytest.approx([78.0]) and capped["n"].tolist() == [3]

@@ -10,10 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit import batch, report
+from kit import batch, fold_tables, report, table_sets, writers
 from kit.config import ConfigError, RunConfig
 from kit.data import load_task_data
 from kit.readers import DataError
+from kit.tables import paper_table, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "tests" / "fixtures" / "stsb_pairs.csv"          # 200 real STS-B dev pairs
@@ -143,9 +144,9 @@ def test_tiny_fit_on_one_fold_of_the_csv_fixture(tmp_path):
     dev = pd.read_csv(run_dir_of(cfg) / "predictions" / "dev.tsv", sep="\t", dtype={"index": str})
     fold0 = load_task_data(cfg).dev["dev"].ids
     assert sorted(dev["index"]) == sorted(fold0) and len(dev) == 40
-    oof = report.oof_predictions([run_dir_of(cfg)])
+    oof = fold_tables.oof_predictions([run_dir_of(cfg)])
     assert len(oof) == 40 and (oof["fold"] == 0).all()
-    assert report.fold_run_dirs(cfg)[0] == run_dir_of(cfg)
+    assert fold_tables.fold_run_dirs(cfg)[0] == run_dir_of(cfg)
 
 
 # ---------------------------------------------------------------- report on hand-made runs
@@ -189,17 +190,17 @@ FOLD_PREDS = [{"r0": (1.0, 1.5), "r3": (2.0, 2.0)},
 def test_fold_table_and_out_of_fold_score(tmp_path):
     dirs = [make_fold_run(tmp_path, f, preds) for f, preds in enumerate(FOLD_PREDS)]
     runs = report.load_runs(dirs)
-    table = report.fold_table(runs)
+    table = fold_tables.fold_table(runs)
     assert list(table["fold"][:3]) == ["0", "1", "2"]
     assert table["fold"].iloc[3] == "mean ± std (n=3/3)"
     rmse = runs.sort_values("fold")["rmse"]
     assert table["rmse"].iloc[3] == f"{rmse.mean():.4f} ± {rmse.std():.4f}"
     assert {"rmse", "mse", "pearson", "spearman"} <= set(table.columns)
 
-    oof = report.oof_predictions(dirs)
+    oof = fold_tables.oof_predictions(dirs)
     assert sorted(oof["index"]) == ["r0", "r1", "r2", "r3", "r4", "r5"]
     assert oof["config_key"].nunique() == 1 and oof["prediction"].dtype == float
-    scores = report.oof_metrics(oof).iloc[0]
+    scores = fold_tables.oof_metrics(oof).iloc[0]
     p = np.array([v[0] for d in FOLD_PREDS for v in d.values()])
     y = np.array([v[1] for d in FOLD_PREDS for v in d.values()])
     assert scores["rmse"] == pytest.approx(np.sqrt(np.mean((p - y) ** 2)))
@@ -207,55 +208,55 @@ def test_fold_table_and_out_of_fold_score(tmp_path):
     assert scores["pearson"] == pytest.approx(np.corrcoef(p, y)[0, 1])
     assert scores["folds"] == "3/3" and scores["complete"] and scores["rows"] == 6
 
-    tables = report.profile_tables(runs, varying=["fold"])
+    tables = table_sets.profile_tables(runs, varying=["fold"])
     assert "Paper layout (Table 2)" not in tables
     assert any(t.startswith("Folds") for t in tables) and any(t.startswith("Out-of-fold")
                                                                for t in tables)
-    report.write_tables(tables, "kaggle", tmp_path / "tables")
+    writers.write_tables(tables, "kaggle", tmp_path / "tables")
     assert "mean ± std (n=3/3)" in (tmp_path / "tables" / "kaggle.md").read_text()
     # folds are dev sets of their own: never averaged over as if they were seeds
-    summary = report.summary_table(runs)
+    summary = summary_table(runs)
     assert len(summary) == 3 and (summary["n_seeds"] == 1).all()
-    assert report.paper_table(runs).empty
+    assert paper_table(runs).empty
 
 
 def test_oof_of_a_fixed_epoch(tmp_path):
     dirs = [make_fold_run(tmp_path, f, preds) for f, preds in enumerate(FOLD_PREDS)]
     with pytest.raises(ValueError, match="dev_epoch1.tsv"):
-        report.oof_predictions(dirs, epoch=1)
+        fold_tables.oof_predictions(dirs, epoch=1)
     for d in dirs:     # what a run saving every epoch's predictions adds
         (d / "predictions" / "dev_epoch1.tsv").write_text(
             (d / "predictions" / "dev.tsv").read_text())
-    oof = report.oof_predictions(dirs, epoch=1)
-    assert len(oof) == 6 and oof.equals(report.oof_predictions(dirs))
+    oof = fold_tables.oof_predictions(dirs, epoch=1)
+    assert len(oof) == 6 and oof.equals(fold_tables.oof_predictions(dirs))
 
 
 def test_failed_fold_and_mixed_fold_sets(tmp_path):
     dirs = [make_fold_run(tmp_path, f, preds, status="failed" if f == 1 else "ok")
             for f, preds in enumerate(FOLD_PREDS)]
-    table = report.fold_table(report.load_runs(dirs))
+    table = fold_tables.fold_table(report.load_runs(dirs))
     assert table["fold"].iloc[-1] == "mean ± std (n=2/3)"
     assert list(table["status"][:3]) == ["ok", "failed", "ok"]
-    scores = report.oof_metrics(report.oof_predictions(dirs)).iloc[0]
+    scores = fold_tables.oof_metrics(fold_tables.oof_predictions(dirs)).iloc[0]
     assert scores["folds"] == "2/3" and not scores["complete"] and scores["rows"] == 4
     # a second lr is a second set: two OOF rows, and the fold table needs by=["lr"]
     other = [make_fold_run(tmp_path, f, preds, lr=2e-4) for f, preds in enumerate(FOLD_PREDS)]
     runs = report.load_runs(dirs + other)
-    assert len(report.oof_metrics(report.oof_predictions(dirs + other))) == 2
+    assert len(fold_tables.oof_metrics(fold_tables.oof_predictions(dirs + other))) == 2
     with pytest.raises(ValueError, match="several OK runs for one fold"):
-        report.fold_table(runs)
-    assert len(report.fold_table(runs, by=["lr"])) == 8
+        fold_tables.fold_table(runs)
+    assert len(fold_tables.fold_table(runs, by=["lr"])) == 8
     # one row in two folds of one set: mixed fold assignments
     bad = make_fold_run(tmp_path / "bad", 0, {"r0": (1.0, 1.5)})
     clash = make_fold_run(tmp_path / "bad", 1, {"r0": (2.0, 1.5)})
     with pytest.raises(ValueError, match="'r0'.*folds \\[0, 1\\]"):
-        report.oof_predictions([bad, clash])
+        fold_tables.oof_predictions([bad, clash])
 
 
 def test_oof_classification(tmp_path):
     preds = [{"a": ("pos", "pos"), "b": ("neg", "pos")}, {"c": ("neg", "neg"), "d": ("pos", "pos")}]
     dirs = [make_fold_run(tmp_path, f, p, n_folds=2, regression=False) for f, p in enumerate(preds)]
-    scores = report.oof_metrics(report.oof_predictions(dirs)).iloc[0]
+    scores = fold_tables.oof_metrics(fold_tables.oof_predictions(dirs)).iloc[0]
     assert scores["accuracy"] == 0.75 and scores["complete"]
 
 
@@ -274,16 +275,16 @@ def test_profile_tables_group_on_varying_knobs(tmp_path):
         make_glue_run(tmp_path, f"t{seed}", seed, 0.6 + seed / 100, "task")
         make_glue_run(tmp_path, f"b{seed}", seed, 0.7 + seed / 100, "task+both")
     runs = report.load_runs(tmp_path)
-    tables = report.profile_tables(runs, varying=["guide_loss", "seed"])
+    tables = table_sets.profile_tables(runs, varying=["guide_loss", "seed"])
     summary = tables["Summary (mean ± std over seeds)"].set_index("guide_loss")
     assert summary.loc["task+both", "accuracy_mean"] == pytest.approx(0.705)
     assert (summary["n_seeds"] == 2).all() and "Paper layout (Table 2)" not in tables
     # knobs that do not change results, or that are set per task, are no grouping axes
     plain = report.load_runs([tmp_path / "t0", tmp_path / "t1"])
-    assert "Paper layout (Table 2)" in report.profile_tables(
+    assert "Paper layout (Table 2)" in table_sets.profile_tables(
         plain.assign(glue_dir=["a", "b"]), varying=["glue_dir", "seed"])
     beta = plain.assign(task=["RTE", "WNLI"], beta=[0.5, 0.9])
-    assert "Paper layout (Table 2)" in report.profile_tables(beta, varying=["task", "beta"])
+    assert "Paper layout (Table 2)" in table_sets.profile_tables(beta, varying=["task", "beta"])
 
 
 # ---------------------------------------------------------------- notebook and profiles
@@ -468,7 +469,7 @@ def test_k_fold_runs_with_a_test_file_average_into_one_submission(tmp_path):
                     max_train_examples=40, save_checkpoints=False, outputs_dir=str(tmp_path))
     fits = [fit(dataclasses.replace(cfg, fold=f)) for f in range(2)]
     assert all(m["status"] == "ok" for m in fits)
-    dirs = report.fold_run_dirs(cfg)
+    dirs = fold_tables.fold_run_dirs(cfg)
     folds = [pd.read_csv(d / "submission.csv", dtype={"id": str}) for d in dirs]
     out = average_fold_submissions(dirs)
     assert out["id"].tolist() == pd.read_csv(test, dtype=str)["id"].tolist() == folds[0]["id"].tolist()

@@ -1,6 +1,6 @@
 """The paper's outputs end to end: the smoke profile's runs (plus a small gamma grid sharing
-them) give every table and figure through the notebooks, in seconds. Also the report helpers
-the notebooks use (profile membership, selection, results tables) on hand-made folders."""
+them) give every table and figure through the notebooks, in seconds. Also the helpers the
+notebooks use (profile membership, selection, results tables) on hand-made folders."""
 import json
 import re
 from pathlib import Path
@@ -9,8 +9,9 @@ import nbformat
 import pytest
 import yaml
 
-from kit import batch, report
+from kit import batch, report, selection, table_sets, writers
 from kit.config import RunConfig
+from kit.tables import paper_table_for
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("results", "gamma", "cost", "case_study", "label_quality")
@@ -94,14 +95,14 @@ def test_selection_on_the_gamma_grid(outputs):
     runs = report.collect_runs(outputs["dir"], outputs["gamma"])
     assert len(runs) == 8 and set(runs["gamma"]) == {1.0, 2.0}
     assert set(runs["profile"]) == {"smoke", "gamma-mini"}   # gamma = 1.0 runs came from smoke
-    assert report.varying_hyperparameters(runs) == ["gamma"]
-    chosen = report.select_runs(runs)
+    assert selection.varying_hyperparameters(runs) == ["gamma"]
+    chosen = selection.select_runs(runs)
     assert len(chosen) == 4 and not chosen.duplicated(["method", "seed"]).any()
-    table = report.selection_table(runs)
+    table = selection.selection_table(runs)
     assert list(table["method"]) == ["bert", "bert-mask", "ssa-co", "ssa-h"]
     assert (table["candidates"] == 2).all() and table["three_subset_config"].str.startswith(
         "gamma=").all()
-    tables = report.results_tables(runs)
+    tables = table_sets.results_tables(runs)
     assert list(tables) == ["Paper layout", "Comparisons", "Summary over seeds",
                             "Epoch selection", "Model selection"]
 
@@ -122,14 +123,14 @@ def test_cost_notebook(outputs, tmp_path):
 def test_label_quality_notebook(outputs, tmp_path):
     nb = execute("label_quality", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke")
     assert (outputs["dir"] / "figures" / "label_quality-smoke-synthetic.png").exists()
-    assert "cue_share_label1" in output_of(nb, "figures.label_quality(")
+    assert "cue_share_label1" in output_of(nb, "figure_data.label_quality(")
 
 
 def test_case_study_notebook(outputs, tmp_path):
     nb = execute("case_study", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke",
                  sentences=["a whole lot foul, freaky and funny.", "the movie works."])
     assert (outputs["dir"] / "figures" / "case_study-smoke-synthetic.png").exists()
-    table = output_of(nb, "figures.case_study_data(")
+    table = output_of(nb, "token_view.case_study_data(")
     assert "funny" in table and "works" in table and "ssa_p_important" in table
 
 
@@ -173,30 +174,30 @@ def test_results_tables_with_the_papers_rows(tmp_path):
         make_run(tmp_path, f"b{seed}", "p", method="bert", seed=seed, score=base)
         make_run(tmp_path, f"h{seed}", "p", method="ssa-h", seed=seed, score=ssa)
     runs = report.collect_runs(tmp_path)
-    assert "BERT-r (paper)" not in report.results_tables(runs)["Paper layout"].index  # off
-    tables = report.results_tables(runs, profile="paper-small")       # a paper profile
+    assert "BERT-r (paper)" not in table_sets.results_tables(runs)["Paper layout"].index  # off
+    tables = table_sets.results_tables(runs, profile="paper-small")       # a paper profile
     paper = tables["Paper layout"]
     assert list(paper.index) == ["BERT-r", "BERT-r (paper)", "BERT-r (measured - paper)",
                                  "SSA-H", "SSA-H (paper)", "SSA-H (measured - paper)"]
     assert paper.loc["SSA-H (paper)", "RTE"] == "70.3**"        # Table 2, BERT-base
     assert paper.loc["SSA-H", "RTE"].startswith("67.0**")
     assert "Model selection" not in tables                      # nothing varies
-    paths = report.write_results(tables, tmp_path, "params/p.yaml")
+    paths = writers.write_results(tables, tmp_path, "params/p.yaml")
     assert [p.name for p in paths] == [
         "p-results.md", "p-results-paper-layout.csv", "p-results-comparisons.csv",
         "p-results-summary-over-seeds.csv", "p-results-epoch-selection.csv", "p-results.tex"]
     with pytest.raises(ValueError, match="no finished"):
-        report.results_tables(report.collect_runs(tmp_path / "empty"))
+        table_sets.results_tables(report.collect_runs(tmp_path / "empty"))
     with pytest.raises(ValueError, match="unknown selection rule"):
-        report.select_runs(report.collect_runs(tmp_path), "best")
+        selection.select_runs(report.collect_runs(tmp_path), "best")
 
 
 def test_paper_table_for_model_names():
-    assert report.paper_table_for("bert-base-uncased") == "base"
-    assert report.paper_table_for("minilm") == "base"
-    assert report.paper_table_for("bert-large-uncased") == "large"
-    assert report.paper_table_for("roberta-base") == "roberta-base"
-    assert report.paper_table_for("FacebookAI/roberta-large") == "roberta-large"
+    assert paper_table_for("bert-base-uncased") == "base"
+    assert paper_table_for("minilm") == "base"
+    assert paper_table_for("bert-large-uncased") == "large"
+    assert paper_table_for("roberta-base") == "roberta-base"
+    assert paper_table_for("FacebookAI/roberta-large") == "roberta-large"
 
 
 def test_paper_profiles_hold_the_papers_settings():
