@@ -200,6 +200,11 @@ def pad_rows(rows: list[np.ndarray], fill, dtype=None, real: np.ndarray | None =
     return out
 
 
+def unpad(matrix: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """pad_rows undone: row i's first lengths[i] entries, as a copy."""
+    return [matrix[i, :n].copy() for i, n in enumerate(lengths)]
+
+
 def collate(examples: Examples, idx: list[int], pad_id: int) -> dict[str, torch.Tensor]:
     """Pad the rows `idx` to their longest one: input ids with `pad_id`, the attention mask and
     token types with 0, the special-token mask with True (padding is never labelled), SSA

@@ -16,8 +16,8 @@ import torch
 from kit import zoo
 from kit.config import RunConfig
 from kit.data import encode
+from kit.masking import masked_copies, ratio_masks, real_tokens
 from kit.models import load_backbone
-from kit.ssa import masked_copies, ratio_masks, real_tokens
 from kit.synthetic import generate
 from kit.train import fit, run_dir_of
 

@@ -5,8 +5,9 @@ import pytest
 
 from kit.config import RunConfig
 from kit.data import IGNORE, Examples
-from kit.ssa import (Masking, SSASettings, build_epoch, code_share, draw_masks, masked_copies,
-                     ratio_masks, real_tokens, span_masks, variant_counts)
+from kit.masking import (Masking, draw_masks, masked_copies, ratio_masks, real_tokens, span_masks,
+                         variant_counts)
+from kit.ssa import SSASettings, build_epoch, code_share
 
 MASK, CLS, SEP, CUE = 103, 101, 102, 7
 
