@@ -71,7 +71,7 @@ def build_random_model(name: str) -> str:
     """outputs/bench/models/<name>: a BERT of that size with random weights and the embedded
     model's tokenizer (the bert-base-uncased vocabulary), saved once as a Hugging Face folder."""
     from transformers import BertConfig, BertModel
-    from kit.models import load_tokenizer
+    from kit.backbones import load_tokenizer
     folder = REPO / "outputs" / "bench" / "models" / name
     if not (folder / "config.json").exists():
         tokenizer = load_tokenizer("minilm")

@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-IMPORTS = ("import kit.train, kit.views, accelerate; from kit.models import load_backbone; "
+IMPORTS = ("import kit.train, kit.views, accelerate; from kit.backbones import load_backbone; "
            "load_backbone({model!r})")
 TOKENIZE = ("from kit.config import RunConfig; from kit.data import encode, load_task_data; "
-            "from kit.token_cache import token_cache_dir; from kit.models import load_tokenizer; "
+            "from kit.token_cache import token_cache_dir; from kit.backbones import load_tokenizer; "
             "cfg = RunConfig(task={task!r}, max_train_examples={max_train}); "
             "data = load_task_data(cfg); tok = load_tokenizer({model!r}); "
             "import time; t0, c0 = time.perf_counter(), time.process_time(); "

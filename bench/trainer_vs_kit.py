@@ -64,7 +64,7 @@ def main() -> None:
         raise SystemExit(f"unknown contender(s) {sorted(unknown)}" if unknown else
                          "--model tiny is kit-only; give a Hugging Face folder (or minilm)")
     meta = common.print_header("Trainer vs kit")
-    from kit.models import model_path
+    from kit.backbones import model_path
     padding, lengths = padding_shares(args)
     useful_flops = common.training_flops(model_path(args.model), lengths, args.epochs)
     common.setup_child(args)                 # the peaks with the contenders' thread count
@@ -121,7 +121,7 @@ def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
 
     from kit.data import load_task_data
     from kit.metrics import evaluate_splits, reported_metrics
-    from kit.models import model_path
+    from kit.backbones import model_path
 
     # the kit's loader gives the exact rows the kit trains on (same capped shuffle)
     data = load_task_data(common.kit_config(args, "unused"))
@@ -191,7 +191,7 @@ def padding_shares(args) -> tuple:
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
     from kit.data import encode, length_grouped_batches, load_task_data, random_batches
-    from kit.models import load_tokenizer
+    from kit.backbones import load_tokenizer
 
     data = load_task_data(common.kit_config(args, "unused"))
     lengths = encode(load_tokenizer(args.model), data.train, args.max_length,

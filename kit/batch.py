@@ -29,8 +29,9 @@ from kit import progress as kprogress
 from kit import tracking as ktracking
 from kit.config import ConfigError, RunConfig
 from kit.data import glue_source, load_task_data
+from kit.hub import hub_unreachable
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
-from kit.readers import DataError, hub_unreachable
+from kit.readers import DataError
 from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
                       run_dir_of)
 from kit.tasks import GLUE_TASKS

@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from kit import readers
+from kit import csv_reader, readers
 from kit.config import RunConfig
 from kit.folds import assign_folds
 from kit.tasks import TaskData, csv_task
@@ -38,13 +38,13 @@ def load_csv(csv: CsvSource, n_folds: int, fold: int, seed: int) -> TaskData:
     seed of a grid validates on the same rows and one seed's k runs give out-of-fold
     predictions for every row. A `csv.test_path` file is the test split (its ids from
     `csv.id_column`): submission.csv."""
-    split, labels = readers.read_csv_split(csv.path, csv.text_columns, csv.target,
-                                           csv.regression, csv.fold_column or None)
+    split, labels = csv_reader.read_csv_split(csv.path, csv.text_columns, csv.target,
+                                              csv.regression, csv.fold_column or None)
     try:
         task = csv_task(csv.text_columns, None if csv.regression else labels, csv.metric)
     except ValueError as err:                # csv_metric f1 on more than two classes
         raise readers.DataError(f"{csv.path}: {err}") from None
-    test = ({"test": readers.read_csv_test(csv.test_path, csv.text_columns, csv.id_column)}
+    test = ({"test": csv_reader.read_csv_test(csv.test_path, csv.text_columns, csv.id_column)}
             if csv.test_path else {})
     if not n_folds:
         order = np.random.default_rng(seed).permutation(len(split))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kit import readers, synthetic, token_cache
+from kit import hub, readers, synthetic, token_cache
 from kit.config import RunConfig
 from kit.csv_data import CsvSource, load_csv
 from kit.tasks import Split, Task, TaskData, get_task
@@ -70,7 +70,7 @@ def _load_synthetic(task: Task, size: int, spurious: float, distractors: int) ->
 def _load_glue(task: Task, source: str | Path, predict_test: bool) -> TaskData:
     def read(split: str) -> Split:
         if source == "hub":
-            return readers.read_hub_split(task, split)
+            return hub.read_hub_split(task, split)
         return readers.read_glue_split(task, split, source)
 
     train = read("train")

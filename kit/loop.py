@@ -31,7 +31,7 @@ from kit.accel import make_accelerator
 from kit.config import RunConfig
 from kit.data import Examples, collate, sorted_batches
 from kit.metrics import flatten_metrics
-from kit.models import save_model
+from kit.model_io import save_model
 from kit.optim import LinearSchedule, parameter_groups
 
 

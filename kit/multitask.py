@@ -32,9 +32,10 @@ import pandas as pd
 
 from kit import loop, methods, runs
 from kit import metrics as kmetrics
+from kit.backbones import load_backbone
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import encode, length_grouped_batches, load_task_data, random_batches
-from kit.models import load_backbone, target_loss
+from kit.models import target_loss
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, apply_stage, load_multitask
 from kit.tasks import get_task
 from kit.token_cache import token_cache_dir

@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kit import methods
-from kit.models import ModelError, load_folder
+from kit.backbones import ModelError
+from kit.model_io import load_folder
 
 RELEASED_HIDDEN, RELEASED_RANK = 768, 204     # BERT-base: 768 -> 204 -> 768
 
@@ -259,6 +260,6 @@ def apply_stage(model: MultiTaskModel, epoch: int, gate_start_epoch: int,
 # ------------------------------------------------------------------- save / load
 
 def load_multitask(folder: str | Path, eager_attention: bool = False):
-    """(model, tokenizer) from a checkpoint folder written by kit.models.save_model (a kit-only
-    folder: plain transformers refuses it with a line naming kit.models)."""
+    """(model, tokenizer) from a checkpoint folder written by kit.model_io.save_model (a
+    kit-only folder: plain transformers refuses it with a line naming kit.model_io)."""
     return load_folder(folder, MultiTaskSpec, MultiTaskModel, eager_attention)

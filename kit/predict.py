@@ -2,11 +2,11 @@
 
     python -m kit.predict RUN_DIR INPUT.csv --out preds.csv [--text-columns a,b] [--batch-size N]
 
-The run's `checkpoint/best` is loaded with kit.models.load_trained (every single-task method,
-ssa-h included, every encoder family); texts are tokenized and batched the way the run evaluated
-its dev set (kit.data: encode, longest batches first, each padded to its own longest row), and
-the rows come back in input order: the class name and one probability column per class, or the
-score for a regression task.
+The run's `checkpoint/best` is loaded with kit.model_io.load_trained (every single-task
+method, ssa-h included, every encoder family); texts are tokenized and batched the way the run
+evaluated its dev set (kit.data: encode, longest batches first, each padded to its own longest
+row), and the rows come back in input order: the class name and one probability column per
+class, or the score for a regression task.
 """
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ import torch
 
 from kit import io as kio
 from kit import runs
+from kit.backbones import ModelError
 from kit.data import collate, encode, sorted_batches
-from kit.models import SPEC, ModelError, SequenceModel, load_trained
+from kit.model_io import SPEC, load_trained
+from kit.models import SequenceModel
 from kit.readers import DataError
 from kit.tasks import Split, get_task
 

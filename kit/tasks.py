@@ -1,7 +1,8 @@
 """Task registry: the nine GLUE tasks, the generated synthetic tasks and CSV tasks.
 
 A Task says where the text is, what the labels are and how the task is scored. It holds no
-data; readers (kit.readers) and the synthetic generator (kit.synthetic) produce `Split`s.
+data; the readers (kit.readers, kit.hub, kit.csv_reader) and the synthetic generator
+(kit.synthetic) produce `Split`s.
 """
 from __future__ import annotations
 

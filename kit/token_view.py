@@ -3,7 +3,7 @@ the SSA token head's P(important) and SSA-H's hybrid weights, with the sentence'
 and the case study (Fig. 8) that puts a vanilla run and an SSA run side by side.
 
 The only figure data that needs a model: it loads the runs' best checkpoints (kit.runs finds
-them, kit.models loads them). torch and kit.models are imported inside `token_scores` only,
+them, kit.model_io loads them). torch and kit.model_io are imported inside `token_scores` only,
 so kit.figures imports this module without torch (its plots need numbers, not models).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[
     (NaN otherwise); the sentence's `prediction` (label name; the value for regression) and
     `confidence` (its probability). A sentence is a string, or a pair [a, b] for pair tasks."""
     import torch
-    from kit.models import load_trained
+    from kit.model_io import load_trained
     run_dir = Path(run_dir)
     config = runs.read_config(run_dir) or {}
     task = get_task(config["task"]) if config.get("task", "csv") != "csv" else None

@@ -19,11 +19,12 @@ import torch
 
 from kit import loop, runs
 from kit import metrics as kmetrics
+from kit.backbones import load_backbone
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data import encode, length_grouped_batches, load_task_data, random_batches
 from kit.guiding import guiding_loss
-from kit.models import (HeadSpec, SequenceModel, load_backbone, load_trained, ssa_loss,
-                        target_loss)
+from kit.model_io import load_trained
+from kit.models import HeadSpec, SequenceModel, ssa_loss, target_loss
 from kit.multitask import MultiTask
 from kit.runs import CheckpointError, RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
 from kit.ssa import SSASettings, build_epoch

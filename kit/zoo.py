@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from kit import readers
-from kit.models import embedded_model_dir
+from kit.backbones import embedded_model_dir
 from kit.tasks import get_task
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from kit import data, synthetic, token_cache
+from kit.backbones import load_tokenizer
 from kit.config import RunConfig
 from kit.data import (IGNORE, Examples, collate, encode, length_grouped_batches, load_task_data,
                       random_batches, sorted_batches)
-from kit.models import load_tokenizer
 from kit.readers import DataError, read_glue_split
 from kit.tasks import Split, get_task
 

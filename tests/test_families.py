@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from kit import zoo
+from kit.backbones import load_backbone
 from kit.config import RunConfig
 from kit.data import encode
 from kit.masking import masked_copies, ratio_masks, real_tokens
-from kit.models import load_backbone
 from kit.synthetic import generate
 from kit.train import fit, run_dir_of
 
@@ -190,7 +190,7 @@ MULTITASK_OK = {"bert", "roberta", "xlm-roberta", "electra"}   # encoder.layer[i
 def test_multitask_models_build_or_say_why_in_one_line(folders, family):
     """EmBERT / Gated-BERT hook BERT-style self-attention (query/key/value Linear layers):
     families with that layout run; the others stop with one line naming the encoder."""
-    from kit.models import ModelError
+    from kit.backbones import ModelError
     from kit.multitask_models import MultiTaskModel, MultiTaskSpec
     backbone, tokenizer = load_backbone(str(folders[family]))
     spec = MultiTaskSpec(["RTE", "CoLA"], [2, 2], [False, False], "gated")
@@ -211,7 +211,7 @@ def test_multitask_models_build_or_say_why_in_one_line(folders, family):
 def test_multitask_fit_runs_or_records_the_one_line_error(folders, family, tmp_path):
     """Gated-BERT on RTE + WNLI pairs: trains on RoBERTa (byte-level BPE, no token_type_ids);
     on DistilBERT the run stops before training and metrics.json holds the one line."""
-    from kit.models import ModelError
+    from kit.backbones import ModelError
     cfg = RunConfig.from_dict(dict(
         task="multitask", tasks=("RTE", "WNLI"), method="gated", model=str(folders[family]),
         max_train_examples=32, epochs=1, max_length=32, batch_size=16, save_checkpoints=False,

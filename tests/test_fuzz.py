@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from kit import profiles
 from kit.config import ConfigError
-from kit.readers import DataError, read_csv_split, read_glue_split
+from kit.csv_reader import read_csv_split
+from kit.readers import DataError, read_glue_split
 from kit.tasks import get_task
 
 FUZZ = settings(max_examples=100, derandomize=True, deadline=None,

@@ -1,4 +1,5 @@
-"""Tests of kit.models: masked softmax, SSA-H token weights, heads, losses, save/load."""
+"""Tests of kit.models (masked softmax, SSA-H token weights, heads, losses), kit.model_io
+(save/load) and kit.backbones (loading encoders, one-line errors)."""
 import copy
 import re
 import time
@@ -8,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kit import models
-from kit.models import (HeadSpec, ModelError, SequenceModel, TokenImportanceHead, hybrid_weights,
-                        load_backbone, load_trained, masked_softmax, save_model, ssa_loss,
-                        target_loss)
+from kit import backbones, models
+from kit.backbones import ModelError, load_backbone
+from kit.model_io import load_trained, save_model
+from kit.models import (HeadSpec, SequenceModel, TokenImportanceHead, hybrid_weights,
+                        masked_softmax, ssa_loss, target_loss)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
@@ -405,7 +407,7 @@ def test_hub_id_offline_without_hf_hub_offline_fails_fast(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     why = "cannot connect to huggingface.co:443 ([Errno -3] Temporary failure in name resolution)"
     calls = []
-    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: calls.append(1) or why)
+    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: calls.append(1) or why)
     started = time.perf_counter()
     with pytest.raises(ModelError) as info:
         load_backbone("nobody/no-such-model-at-all")
@@ -417,7 +419,7 @@ def test_hub_id_offline_without_hf_hub_offline_fails_fast(monkeypatch):
 
 
 def test_hub_id_reachable_hub_failure_names_the_cause(monkeypatch):
-    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: None)
+    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: None)
     with pytest.raises(ModelError) as info:     # the test process is still offline underneath
         load_backbone("nobody/no-such-model-at-all")
     msg = str(info.value)
@@ -426,7 +428,7 @@ def test_hub_id_reachable_hub_failure_names_the_cause(monkeypatch):
 
 
 def test_local_folder_never_asks_the_hub(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: pytest.fail("hub checked"))
+    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: pytest.fail("hub checked"))
     tiny[0].save_pretrained(tmp_path)
     tiny[1].save_pretrained(tmp_path)
     backbone, _ = load_backbone(str(tmp_path))
@@ -435,7 +437,7 @@ def test_local_folder_never_asks_the_hub(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["outputs/zoo/no-such-family", "./no-such-folder", "/no/such"])
 def test_missing_local_folder_is_not_looked_up_on_the_hub(name, monkeypatch):
-    monkeypatch.setattr("kit.readers.hub_unreachable", lambda: pytest.fail("hub checked"))
+    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: pytest.fail("hub checked"))
     with pytest.raises(ModelError, match=rf"^model folder {re.escape(repr(name))} does not exist "):
         load_backbone(name)
 
@@ -495,4 +497,4 @@ def test_tiny_backbone_is_small_and_uses_embedded_vocab(tiny):
     backbone, tok = tiny
     assert backbone.config.hidden_size == 32 and backbone.config.num_hidden_layers == 2
     assert backbone.config.vocab_size == tok.vocab_size
-    assert models.embedded_model_dir().is_dir()
+    assert backbones.embedded_model_dir().is_dir()

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kit.backbones import load_backbone
 from kit.config import ConfigError, RunConfig
 from kit.data import collate, encode, load_task_data
-from kit.models import load_backbone, target_loss
+from kit.models import target_loss
 from kit.multitask import (TaskMixer, epoch_table, fit_multitask, per_task_table,
                            sampling_exponent, task_probabilities, task_schedule)
 from kit.multitask_models import (MultiTaskModel, MultiTaskSpec, TaskGate, adapter_parameters,

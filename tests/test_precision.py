@@ -6,10 +6,11 @@ import torch
 
 from kit import accel
 from kit.accel import make_accelerator, resolve_precision
+from kit.backbones import load_backbone
 from kit.config import RunConfig
 from kit.data import collate, encode, load_task_data
 from kit.loop import predict_logits as _predict_logits
-from kit.models import HeadSpec, SequenceModel, load_backbone
+from kit.models import HeadSpec, SequenceModel
 from kit.train import fit
 from kit.train import loss_terms as _loss_terms
 

@@ -11,10 +11,11 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from kit import zoo
+from kit.backbones import ModelError, load_backbone
 from kit.config import RunConfig
 from kit.data import glue_source
-from kit.models import (HeadSpec, ModelError, SequenceModel, load_backbone, load_trained,
-                        save_model)
+from kit.model_io import load_trained, save_model
+from kit.models import HeadSpec, SequenceModel
 from kit.multitask_models import MultiTaskModel, MultiTaskSpec, load_multitask
 from kit.predict import as_frame, as_split, main, predict, predict_logits, run_text_columns
 from kit.readers import DataError, read_glue_split
