@@ -13,7 +13,7 @@ import json
 import typing
 from dataclasses import dataclass
 
-from kit import methods
+from kit import config_rules, methods
 from kit.tasks import canonical_task_name
 
 RESULTS_VERSION = 4  # bump when a default or the training code changes what a config computes
@@ -67,7 +67,8 @@ class RunConfig:
     csv_test_path: str = ""            # a test CSV (text columns + id column): submission.csv
     csv_id_column: str = "id"          # the test CSV's id column, first column of submission.csv
     csv_metric: str = ""               # selection metric; "" = rmse (regression), mean of
-                                       # accuracy and f1_macro (classification); see CSV_METRICS
+                                       # accuracy and f1_macro (classification); choices:
+                                       # config_rules.CSV_METRICS
     # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see kit.folds)
     n_folds: int = 0                   # 0 = no folds: a seeded 80/20 split; else k >= 2 folds
     fold: int = 0                      # with n_folds: the fold that is dev (train = every other row)
@@ -195,7 +196,7 @@ def _as_tuple(value):
 
 def _normalise_task_names(cfg) -> None:
     """`task` and `tasks` in the registry's spelling (sst2 -> SST-2) before the run id is
-    computed; unknown names are left for _check_values to report."""
+    computed; unknown names are left for kit.config_rules to report."""
     def canonical(name: str) -> str:
         try:
             return canonical_task_name(name)
@@ -235,114 +236,8 @@ def _check_types(cfg: RunConfig) -> None:
             object.__setattr__(cfg, name, float(value))
 
 
-_CHOICES = {
-    "method": METHODS, "mask_scheme": ("ratio", "spans"), "label_rule": ("paper", "code"),
-    "label_merge": ("variant", "union"), "hybrid_weighting": ("paper", "code", "logodds"),
-    "mixed_precision": ("auto", "no", "bf16", "fp16"),
-    "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
-    "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
-}
-# csv_metric choices by task kind; rmse is lower-is-better (kit.metrics.task_score negates it)
-CSV_METRICS = {"regression": ("rmse", "pearson", "spearman"),
-               "classification": ("accuracy", "f1", "f1_macro", "mcc")}
-CHOICES = _CHOICES                 # the fixed choices by field (kit.run --help lists them)
-_RANGES = {  # name: (low, high, low inclusive, high inclusive)
-    "alpha": (0, 1, True, True), "beta": (0, 1, True, True), "mask_ratio": (0, 1, False, True),
-    "gamma": (0, float("inf"), True, False), "lr": (0, float("inf"), False, False),
-    "weight_decay": (0, float("inf"), True, False), "warmup_ratio": (0, 1, True, False),
-    "attention_threshold": (0, 1, True, True), "aug_threshold": (0, 1, False, True),
-    "rm_threshold": (0, 1, True, True), "code_share_step": (0, 1, True, True),
-    "code_share_max": (0, 1, True, True), "regression_tolerance": (0, float("inf"), True, False),
-    "max_grad_norm": (0, float("inf"), False, False),
-    "epochs": (1, float("inf"), True, False), "batch_size": (1, float("inf"), True, False),
-    "eval_batch_size": (1, float("inf"), True, False), "grad_accum": (1, float("inf"), True, False),
-    "max_length": (8, 4096, True, True), "max_train_examples": (0, float("inf"), True, False),
-    "synthetic_size": (8, float("inf"), True, False), "ssa_start_epoch": (0, float("inf"), True, False),
-    "log_every": (1, float("inf"), True, False), "layer_decay": (0, 1, False, True),
-    "freeze_layers": (0, float("inf"), True, False), "pd_factor": (0, float("inf"), True, False),
-    "ad_factor": (0, float("inf"), True, False),
-    "synthetic_spurious": (0, 1, True, True), "synthetic_distractors": (0, 64, True, True),
-    "steps_per_epoch": (0, float("inf"), True, False), "adapter_rank": (0, float("inf"), True, False),
-    "gate_start_epoch": (0, float("inf"), True, False),
-    "freeze_qkv_epoch": (0, float("inf"), True, False),
-}
-
-
-def _check_csv_extras(cfg: RunConfig) -> None:
-    """csv_test_path and csv_metric: CSV tasks only, and a metric of the task's kind."""
-    csv = cfg.task == "csv"
-    for name in ("csv_test_path", "csv_metric"):
-        if getattr(cfg, name) and not csv:
-            raise ConfigError(f"parameter {name!r}: for task 'csv', not {cfg.task!r}")
-    kind = "regression" if cfg.csv_regression else "classification"
-    if cfg.csv_metric and cfg.csv_metric not in CSV_METRICS[kind]:
-        raise ConfigError(f"parameter 'csv_metric': {cfg.csv_metric!r} is not a {kind} metric; "
-                          f"choose one of {', '.join(CSV_METRICS[kind])}")
-    if cfg.csv_test_path and not cfg.csv_id_column:
-        raise ConfigError("parameter 'csv_id_column' is empty; name the test CSV's id column")
-
-
-REPORT_TO = ("auto", "none", "tensorboard", "wandb", "mlflow", "trackio")
-
-
 def _check_values(cfg: RunConfig) -> None:
-    bad = [name for name in cfg.report_to if name not in REPORT_TO]
-    if bad:
-        raise ConfigError(f"parameter 'report_to': {bad[0]!r} is not one of {', '.join(REPORT_TO)}")
-    for name, allowed in _CHOICES.items():
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"parameter {name!r}: {getattr(cfg, name)!r} is not one of "
-                              f"{', '.join(allowed)}")
-    for name, (low, high, low_in, high_in) in _RANGES.items():
-        value = getattr(cfg, name)
-        ok = (value >= low if low_in else value > low) and (value <= high if high_in else value < high)
-        if not ok:
-            lo, hi = "[" if low_in else "(", "]" if high_in else ")"
-            raise ConfigError(f"parameter {name!r}: {value!r} is outside {lo}{low}, {high}{hi}")
-    if cfg.task.lower() == "csv" and not (cfg.csv_path and cfg.csv_text_columns and cfg.csv_target):
-        raise ConfigError("task 'csv' needs csv_path, csv_text_columns and csv_target")
-    _check_csv_extras(cfg)
-    # k-fold CSV runs: folds only exist for CSV tasks, and the dev fold must be one of them
-    if cfg.n_folds < 0 or cfg.n_folds == 1:
-        raise ConfigError(f"parameter 'n_folds': {cfg.n_folds} folds; use 0 (no folds) or >= 2")
-    if cfg.n_folds and cfg.task.lower() != "csv":
-        raise ConfigError(f"parameter 'n_folds': folds are for task 'csv', not {cfg.task!r}")
-    if cfg.csv_fold_column and not cfg.n_folds:
-        raise ConfigError("parameter 'csv_fold_column' needs n_folds >= 2")
-    if not 0 <= cfg.fold < max(cfg.n_folds, 1):
-        raise ConfigError(f"parameter 'fold': {cfg.fold} is outside [0, {max(cfg.n_folds, 1)}) "
-                          f"(n_folds={cfg.n_folds})")
-    if not cfg.task:
-        raise ConfigError("parameter 'task' is empty")
-    if cfg.task.lower() not in ("csv", "multitask"):
-        from kit.tasks import get_task
-        try:
-            get_task(cfg.task)
-        except ValueError as err:
-            raise ConfigError(f"parameter 'task': {err}") from None
-    # multi-task: method embert/gated <=> task "multitask" <=> a non-empty `tasks` of known tasks
-    multi = cfg.method in MULTITASK_METHODS
-    if multi != (cfg.task == "multitask"):
-        raise ConfigError(f"parameter 'task': method {cfg.method!r} needs task " + (
-            "'multitask' (the tasks go in `tasks`)" if multi else f"other than 'multitask' "
-            f"(multi-task methods: {', '.join(MULTITASK_METHODS)})"))
-    if multi != bool(cfg.tasks):
-        raise ConfigError("parameter 'tasks': " + ("empty; list the tasks to train together"
-                          if multi else f"only for methods {', '.join(MULTITASK_METHODS)}"))
-    if multi:
-        from kit.tasks import get_task
-        names = []
-        for name in cfg.tasks:
-            if name.lower() in ("csv", "multitask"):
-                raise ConfigError(f"parameter 'tasks': {name!r} cannot be trained in a mix")
-            try:
-                names.append(get_task(name).name)
-            except ValueError as err:
-                raise ConfigError(f"parameter 'tasks': {err}") from None
-        if len(set(names)) < len(names):
-            raise ConfigError(f"parameter 'tasks': a task is listed twice in {list(cfg.tasks)}")
-    if cfg.freeze_qkv_epoch < cfg.gate_start_epoch:
-        raise ConfigError(f"parameter 'freeze_qkv_epoch': {cfg.freeze_qkv_epoch} is before "
-                          f"gate_start_epoch {cfg.gate_start_epoch} (stages: adapters, gate, Q/K/V frozen)")
-    if not cfg.model:
-        raise ConfigError("parameter 'model' is empty")
+    """Choices, ranges and cross-field rules, declared in kit.config_rules."""
+    problem = config_rules.first_problem(cfg)
+    if problem:
+        raise ConfigError(problem)

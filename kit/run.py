@@ -26,7 +26,8 @@ import yaml
 
 from kit import batch
 from kit import runs
-from kit.config import CHOICES, MULTITASK_METHODS, ConfigError, RunConfig, field_types
+from kit.config import MULTITASK_METHODS, ConfigError, RunConfig, field_types
+from kit.config_rules import CHOICES
 from kit.profiles import REPO, Profile, YamlLoader
 from kit.readers import DataError
 from kit.runs import finished_metrics, run_dir_of

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from kit import run as krun
-from kit.config import CHOICES, ConfigError, RunConfig
+from kit.config import ConfigError, RunConfig
+from kit.config_rules import CHOICES
 from kit.train import run_dir_of
 
 
