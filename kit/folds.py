@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sklearn.model_selection import KFold, StratifiedKFold
 
 
 def assign_folds(n_folds: int, seed: int, labels=None, regression: bool = False,
@@ -36,6 +35,9 @@ def assign_folds(n_folds: int, seed: int, labels=None, regression: bool = False,
                   else labels)
     if n_rows < n_folds:
         raise ValueError(f"cannot split {n_rows} rows into {n_folds} folds")
+    # here, not at the top: sklearn.model_selection imports scipy, which single-task kernels skip
+    from sklearn.model_selection import KFold, StratifiedKFold
+
     splitter_class = KFold if target is None else StratifiedKFold
     splitter = splitter_class(n_folds, shuffle=True, random_state=seed)
     folds = np.empty(n_rows, dtype=np.int64)

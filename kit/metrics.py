@@ -1,18 +1,19 @@
-"""GLUE metrics, the paper's three-subset dev statistics (section 4.3) and significance tests.
+"""GLUE metrics and the paper's three-subset dev statistics (section 4.3).
 
 Everything here works on plain arrays of predictions and labels, so the training loop and the
 report share one definition of every number. Metric values are fractions (0.843, not 84.3);
-tables multiply by 100.
+tables multiply by 100. The significance tests over seeds are in kit.stats.
+
+numpy only, on purpose: every grid point is a fresh kernel that imports this module, and its
+former sklearn.metrics + scipy.stats imports were 0.9-1.0 s of a 2.7-2.9 s `import kit.train`
+(`python -X importtime`, shared loaded 2-core machine; CPU time of `import kit.train, kit.views`
+2.4 s -> 1.7 s without them). Each metric repeats the float operations of the sklearn / scipy
+function it replaced, in the same order, so the numbers are the same to the last bit
+(tests/test_metrics.py compares them with == on random inputs).
 """
 from __future__ import annotations
 
-import itertools
-import math
-import warnings
-
 import numpy as np
-from scipy import stats
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, mean_squared_error
 
 from kit.tasks import Task
 
@@ -32,13 +33,123 @@ def _as_1d(values, what: str) -> np.ndarray:
     return arr
 
 
+def _class_ids(values: np.ndarray, what: str) -> np.ndarray:
+    """Refuse what sklearn refused as "continuous": float class ids that are not whole numbers
+    (or NaN / inf), e.g. regression outputs fed to a classification task."""
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
+        raise ValueError(f"{what} of a classification task must be class ids, got fractions")
+    return values
+
+
+def _confusion(gold: np.ndarray, preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(classes, C): the classes present in either array, sorted, and C[i, j] = how many
+    examples of class i were predicted as class j (sklearn's confusion_matrix)."""
+    classes, codes = np.unique(np.concatenate([gold, preds]), return_inverse=True)
+    k = len(classes)
+    flat = codes[:len(gold)] * k + codes[len(gold):]
+    return classes, np.bincount(flat, minlength=k * k).reshape(k, k)
+
+
+def _f1_per_class(confusion: np.ndarray) -> np.ndarray:
+    """F1 of every class, 2 tp / (2 tp + fp + fn) as sklearn writes it (2.0 * tp / (true + pred));
+    0.0 for a class neither true nor predicted (sklearn's zero_division=0: a run that never
+    predicts class 1 has F1 0, not a warning)."""
+    tp = np.diag(confusion).astype(np.float64)
+    denominator = confusion.sum(axis=1) + confusion.sum(axis=0)     # (tp + fn) + (tp + fp)
+    return np.divide(2.0 * tp, denominator, out=np.zeros_like(tp), where=denominator > 0)
+
+
+def accuracy(gold, preds) -> float:
+    """Share of exact matches (sklearn's accuracy_score: the mean of gold == preds)."""
+    return float(np.mean(gold == preds))
+
+
+def binary_f1(gold, preds) -> float:
+    """F1 of class 1. Like sklearn's average="binary", an error when the classes present are
+    not a subset of two that include 1 (class ids from a multi-class head)."""
+    classes, confusion = _confusion(gold, preds)
+    if len(classes) > 2 or (len(classes) == 2 and 1 not in classes):
+        raise ValueError(f"binary F1 needs class ids 0 / 1, got {classes.tolist()}")
+    if 1 not in classes:
+        return 0.0                            # no class 1 anywhere: 0 / 0, zero_division=0
+    return float(_f1_per_class(confusion)[np.flatnonzero(classes == 1)[0]])
+
+
+def macro_f1(gold, preds) -> float:
+    """Unweighted mean of the per-class F1 over the classes present in gold or predictions."""
+    return float(np.mean(_f1_per_class(_confusion(gold, preds)[1])))
+
+
+def mcc(gold, preds) -> float:
+    """Matthews correlation, the multi-class form from the confusion matrix (sklearn's
+    matthews_corrcoef step by step); 0.0 when degenerate (one class in gold or predictions)."""
+    confusion = _confusion(gold, preds)[1]
+    t_sum = confusion.sum(axis=1, dtype=np.float64)
+    p_sum = confusion.sum(axis=0, dtype=np.float64)
+    n_correct = np.trace(confusion, dtype=np.float64)
+    n_samples = p_sum.sum()
+    cov_ytyp = n_correct * n_samples - np.dot(t_sum, p_sum)
+    cov_ypyp = n_samples**2 - np.dot(p_sum, p_sum)
+    cov_ytyt = n_samples**2 - np.dot(t_sum, t_sum)
+    cov_ypyp_ytyt = cov_ypyp * cov_ytyt
+    return 0.0 if cov_ypyp_ytyt == 0 else float(cov_ytyp / np.sqrt(cov_ypyp_ytyt))
+
+
+def mse(gold, preds) -> float:
+    """Mean squared error; NaN or inf in either array is an error, as sklearn's input check."""
+    if not (np.isfinite(gold).all() and np.isfinite(preds).all()):
+        raise ValueError("mse: predictions or labels contain NaN or infinity")
+    return float(np.mean((gold - preds) ** 2))
+
+
+def _constant(values: np.ndarray) -> bool:
+    return bool(np.all(values == values[0]))
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r as scipy.stats.pearsonr computes it (1.17): centre, scale each side by its
+    largest |deviation| before the norm (no premature overflow), dot the unit vectors, clip to
+    [-1, 1], round n = 2 to exactly +-1. NaN for a constant side, as scipy (`_correlation` turns
+    it into 0.0)."""
+    if _constant(x) or _constant(y):
+        return float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xm, ym = x - np.mean(x, keepdims=True), y - np.mean(y, keepdims=True)
+        xmax, ymax = np.max(np.abs(xm), keepdims=True), np.max(np.abs(ym), keepdims=True)
+        normxm = xmax * np.linalg.norm(xm / xmax, ord=2, axis=-1, keepdims=True)
+        normym = ymax * np.linalg.norm(ym / ymax, ord=2, axis=-1, keepdims=True)
+        # np.dot: the BLAS dot scipy's np.vecdot calls for 1-D float64 (numpy 1.x has no vecdot)
+        r = np.clip(np.dot(xm / normxm, ym / normym), -1.0, 1.0)
+    return float(np.round(r) if len(x) == 2 else r)
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing the mean of their ranks (scipy.stats.rankdata, "average")."""
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    new = np.r_[True, ordered[1:] != ordered[:-1]]
+    dense = np.empty(len(values), dtype=np.intp)
+    dense[order] = np.cumsum(new)
+    count = np.r_[np.flatnonzero(new), len(new)]
+    return 0.5 * (count[dense] + count[dense - 1] + 1)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho as scipy.stats.spearmanr computes it: np.corrcoef of the two columns of
+    average ranks. NaN when a side is constant or holds a NaN, as scipy."""
+    if len(x) < 2 or _constant(x) or _constant(y) or np.isnan(x).any() or np.isnan(y).any():
+        return float("nan")
+    ranked = np.column_stack([average_ranks(x), average_ranks(y)])
+    return float(np.corrcoef(ranked, rowvar=False)[1, 0])
+
+
 def _correlation(fn, predictions: np.ndarray, labels: np.ndarray) -> float:
     # A constant side (e.g. a collapsed regression head that predicts the mean everywhere) makes
     # the correlation undefined: scipy warns and returns NaN. We report 0.0 instead - "no linear /
     # rank relation" - so a degenerate run averages and sorts like a bad run, not like a hole.
     if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
         return 0.0
-    return float(fn(predictions, labels)[0])
+    return fn(predictions, labels)
 
 
 def _metric_names(task: Task) -> list[str]:
@@ -70,16 +181,17 @@ def compute_metrics(task: Task, predictions, labels) -> dict[str, float]:
         raise ValueError(f"{task.name}: {len(preds)} predictions for {len(gold)} labels")
     if task.regression:
         preds, gold = preds.astype(np.float64), gold.astype(np.float64)
+    else:
+        preds, gold = _class_ids(preds, "predictions"), _class_ids(gold, "labels")
     compute = {
-        "accuracy": lambda: accuracy_score(gold, preds),
-        # zero_division=0: a run that never predicts class 1 has F1 0, not a warning.
-        "f1": lambda: f1_score(gold, preds, pos_label=1, average="binary", zero_division=0),
-        "f1_macro": lambda: f1_score(gold, preds, average="macro", zero_division=0),
-        "mcc": lambda: matthews_corrcoef(gold, preds),      # sklearn gives 0.0 when degenerate
-        "pearson": lambda: _correlation(stats.pearsonr, preds, gold),
-        "spearman": lambda: _correlation(stats.spearmanr, preds, gold),
-        "mse": lambda: mean_squared_error(gold, preds),
-        "rmse": lambda: np.sqrt(mean_squared_error(gold, preds)),
+        "accuracy": lambda: accuracy(gold, preds),
+        "f1": lambda: binary_f1(gold, preds),
+        "f1_macro": lambda: macro_f1(gold, preds),
+        "mcc": lambda: mcc(gold, preds),
+        "pearson": lambda: _correlation(pearson, preds, gold),
+        "spearman": lambda: _correlation(spearman, preds, gold),
+        "mse": lambda: mse(gold, preds),
+        "rmse": lambda: np.sqrt(mse(gold, preds)),
     }
     metrics = {name: float(compute[name]()) for name in _metric_names(task)}
     metrics["score"] = task_score(task, metrics)
@@ -168,92 +280,3 @@ def heldout_epoch(subsets_per_epoch: list[list[float]]) -> tuple[int, float]:
         raise ValueError("heldout_epoch: no epochs")
     best = int(np.argmax([s[0] for s in subsets_per_epoch]))
     return best, float(np.mean(subsets_per_epoch[best][1:]))
-
-
-def is_constant(values) -> bool:
-    """Whether a cell's values over seeds are all equal (at least 2 of them): a degenerate cell,
-    e.g. CoLA MCC 0.0 from a model that predicts the majority class on every seed. Its std of 0
-    is no measurement of spread, and a test against it says nothing about a method."""
-    values = np.asarray(values, dtype=np.float64)
-    return len(values) >= 2 and bool(np.ptp(values) == 0)
-
-
-def welch_test(a, b) -> float:
-    """Two-sided p-value of Welch's t-test (unequal variances), each seed one independent sample.
-
-    With fewer than 2 samples on a side: 1.0 ("no evidence"). Both sides constant (no variance at
-    all), where the t statistic is undefined: 1.0 when the two constants are equal, 0.0 when they
-    differ - given the data the difference is certain; such cells are degenerate (`is_constant`)
-    and the tables flag them rather than trust the 0.
-    """
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if len(a) < 2 or len(b) < 2:
-        return 1.0
-    if np.var(a) == 0 and np.var(b) == 0:
-        return 1.0 if a[0] == b[0] else 0.0
-    with warnings.catch_warnings():
-        # One constant side (e.g. WNLI, where every seed predicts the majority class) is a
-        # well-defined test, but scipy warns about "precision loss" for identical values.
-        warnings.filterwarnings("ignore", "Precision loss", RuntimeWarning)
-        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
-
-
-# Above this many splits of the pooled samples the permutation test draws (seeded) instead of
-# enumerating; 5 vs 5 seeds have 252 splits, 10 vs 10 have 184,756.
-MAX_PERMUTATIONS = 200_000
-
-
-def permutation_test(a, b) -> float:
-    """Two-sided p-value of the permutation test of the difference of means: the share of all
-    ways to split the pooled samples into groups of len(a) and len(b) whose |mean difference|
-    is at least the observed one. Exact (every split enumerated) up to MAX_PERMUTATIONS splits.
-
-    It assumes nothing about the distribution of seed scores, which n = 3 cannot check. The
-    price: with 3 vs 3 seeds there are only C(6, 3) = 20 splits, so the smallest p-value is
-    2/20 = 0.1 and nothing can reach p < 0.05; 5 vs 5 seeds reach 2/252 = 0.008.
-    1.0 ("no evidence") when a side has fewer than 2 samples, as welch_test.
-    """
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if len(a) < 2 or len(b) < 2:
-        return 1.0
-    pooled, n = np.concatenate([a, b]), len(a)
-    if math.comb(len(pooled), n) <= MAX_PERMUTATIONS:       # every split, exactly
-        groups = np.array(list(itertools.combinations(range(len(pooled)), n)))
-        splits = np.zeros((len(groups), len(pooled)), dtype=bool)
-        np.put_along_axis(splits, groups, True, axis=1)
-    else:                                                    # a seeded sample of splits
-        rng = np.random.default_rng(0)
-        order = np.argsort(rng.random((MAX_PERMUTATIONS, len(pooled))), axis=1)
-        splits = order < n
-    diffs = np.abs(splits @ pooled / n - ~splits @ pooled / len(b))
-    observed = abs(a.mean() - b.mean())
-    # a split whose difference equals the observed one up to rounding counts as "at least":
-    # without the tolerance, p(a, b) and p(b, a) differ when means tie (seeds often score alike)
-    tolerance = 1e-9 * max(1.0, float(np.abs(pooled).max()))
-    return float(np.mean(diffs >= observed - tolerance))
-
-
-SIGNIFICANCE_TESTS = {"welch": welch_test, "permutation": permutation_test}
-
-
-def holm(pvalues) -> np.ndarray:
-    """Holm-Bonferroni adjusted p-values (Holm 1979), in the input order: the k-th smallest of m
-    p-values is multiplied by m - k + 1, then made non-decreasing along that order, capped at 1.
-    Marking adjusted p < 0.05 keeps the chance of any false mark among the m comparisons (the
-    family: one table's comparisons) at 5%. NaN entries are no comparison: they stay NaN and do
-    not count in m."""
-    p = np.asarray(pvalues, dtype=np.float64)
-    out = np.full(p.shape, np.nan)
-    present = np.flatnonzero(~np.isnan(p))
-    order = present[np.argsort(p[present], kind="stable")]
-    m = len(order)
-    scaled = p[order] * (m - np.arange(m))
-    out[order] = np.minimum(np.maximum.accumulate(scaled), 1.0)
-    return out
-
-
-def significance_mark(p: float) -> str:
-    """The paper's marks: "**" for p < 0.01, "*" for p < 0.05, else ""."""
-    if p < 0.01:
-        return "**"
-    return "*" if p < 0.05 else ""

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from kit import methods
-from kit.metrics import SIGNIFICANCE_TESTS, holm, is_constant, reported_metrics, significance_mark
+from kit.metrics import reported_metrics
 from kit.paper_results import PAPER_TASKS, PaperRow, paper_row
+from kit.stats import SIGNIFICANCE_TESTS, holm, is_constant, significance_mark
 from kit.tasks import GLUE_TASKS, csv_task, get_task
 
 # Row order and labels of the paper's tables; other methods follow, alphabetically.

@@ -1,5 +1,8 @@
-"""kit.metrics against values worked out by hand."""
+"""kit.metrics against values worked out by hand, and against the sklearn / scipy functions it
+replaced (numpy only, so a training kernel imports neither)."""
 import math
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -7,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, mean_squared_error
 
-from kit.metrics import (compute_metrics, evaluate_splits, heldout_epoch, holm, is_constant,
-                         permutation_test, reported_metrics, significance_mark, three_subset_stats,
-                         three_subsets, welch_test)
+from kit.metrics import (accuracy, average_ranks, binary_f1, compute_metrics, evaluate_splits,
+                         heldout_epoch, macro_f1, mcc, mse, pearson, reported_metrics, spearman,
+                         three_subset_stats, three_subsets)
 from kit.tasks import csv_task, get_task
 
 # 2 true positives, 1 false negative, 1 false positive, 2 true negatives.
@@ -128,53 +132,6 @@ def test_three_subset_stats_score_each_subset():
     assert three_subset_stats(task, preds, labels, seed=1)["subsets"] != out["subsets"]
 
 
-def test_welch_test_matches_the_formula():
-    a, b = np.array([1.0, 2.0, 3.0, 4.0]), np.array([2.0, 4.0, 6.0, 8.0, 10.0])
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-    dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    assert welch_test(a, b) == pytest.approx(2 * stats.t.sf(abs(t), dof))
-    assert welch_test(a, b) == pytest.approx(welch_test(b, a))
-
-
-def test_welch_test_without_evidence_is_one():
-    assert welch_test([0.5], [0.1, 0.2]) == 1.0                  # one seed
-    assert welch_test([0.5, 0.5], [0.5, 0.5]) == 1.0              # constant and equal
-    assert welch_test([0.5, 0.5], [0.7, 0.8]) < 1.0               # one side varies: defined
-
-
-def test_welch_test_constant_but_different_is_certain():
-    # No variance on either side and different values: the data leave no doubt (p = 0); the
-    # tables flag such cells as degenerate instead of trusting the 0.
-    assert welch_test([0.5, 0.5, 0.5], [0.7, 0.7]) == 0.0
-    assert welch_test([0.0, 0.0], [0.0, 0.0]) == 1.0
-    assert is_constant([0.0, 0.0, 0.0]) and not is_constant([0.0, 0.1]) and not is_constant([0.3])
-
-
-def test_holm_on_a_hand_computed_example():
-    # m = 4. Sorted: 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04, then
-    # non-decreasing along that order: 0.02, 0.03, 0.06, 0.06. Back in the input order:
-    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    # capped at 1; NaN is no comparison (m = 2 here)
-    out = holm([0.6, np.nan, 0.2])
-    assert out[[0, 2]] == pytest.approx([0.6, 0.4]) and np.isnan(out[1])
-    assert holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])
-    assert len(holm([])) == 0
-
-
-def test_permutation_test_enumerates_the_splits():
-    # 3 vs 3: C(6, 3) = 20 splits. [1, 2, 3] vs [4, 5, 6]: only the observed split and its
-    # mirror reach |mean difference| 3 -> p = 2/20.
-    assert permutation_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(0.1)
-    # [1, 2, 3] vs [1.5, 5, 6]: observed |difference| 13/6; the pooled sum is 18.5, so a triple
-    # with sum s gives |2s - 18.5| / 3 >= 13/6 iff s <= 6 or s >= 12.5: {1, 2, 3}, {1, 1.5, 2},
-    # {1, 1.5, 3} and their complements -> 6/20.
-    assert permutation_test([1.0, 2.0, 3.0], [1.5, 5.0, 6.0]) == pytest.approx(0.3)
-    assert permutation_test([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]) == 1.0
-    assert permutation_test([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == pytest.approx(0.1)  # the floor
-    assert permutation_test([], [1.0]) == 1.0 and permutation_test([0.5], [0.1, 0.2]) == 1.0
-
-
 def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
     # subset 1 scores 0.6, 0.7, 0.7: epoch 1 (the first of the tie); reported (0.64 + 0.66) / 2
     epochs = [[0.6, 0.9, 0.9], [0.7, 0.64, 0.66], [0.7, 0.5, 0.5]]
@@ -183,22 +140,133 @@ def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
         heldout_epoch([])
 
 
-def test_significance_marks():
-    assert [significance_mark(p) for p in (0.001, 0.0099, 0.01, 0.049, 0.05, 1.0)] == [
-        "**", "**", "*", "*", "", ""]
+# ------------------------------------------------ the numpy metrics against sklearn / scipy
+# Every kit.metrics function repeats the float operations of the function it replaced, in the
+# same order, so the tests below compare with == (exact), never approx.
+
+def sklearn_scores(gold, preds) -> dict:
+    """The former definitions (kit.metrics before it dropped sklearn and scipy)."""
+    return {"accuracy": accuracy_score(gold, preds), "mcc": matthews_corrcoef(gold, preds),
+            "f1_macro": f1_score(gold, preds, average="macro", zero_division=0),
+            "f1": f1_score(gold % 2, preds % 2, pos_label=1, average="binary", zero_division=0)}
 
 
-@given(st.lists(st.floats(0, 1), min_size=1, max_size=12))
-def test_holm_properties(pvalues):
-    p, adjusted = np.array(pvalues), holm(pvalues)
-    assert (adjusted >= p - 1e-12).all() and (adjusted <= 1).all()
-    assert adjusted.min() == pytest.approx(min(1.0, len(p) * p.min()))   # Bonferroni for the min
-    order = np.argsort(p, kind="stable")
-    assert (np.diff(adjusted[order]) >= -1e-12).all()                   # keeps the order of p
+def kit_scores(gold, preds) -> dict:
+    return {"accuracy": accuracy(gold, preds), "mcc": mcc(gold, preds),
+            "f1_macro": macro_f1(gold, preds), "f1": binary_f1(gold % 2, preds % 2)}
 
 
-@given(st.lists(st.floats(0, 1), min_size=1, max_size=4),
-       st.lists(st.floats(0, 1), min_size=1, max_size=4))
-def test_permutation_test_is_symmetric_and_a_probability(a, b):
-    p = permutation_test(a, b)
-    assert 0 < p <= 1 and p == pytest.approx(permutation_test(b, a))
+def class_ids(n: int, k: int, case: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    gold = rng.integers(0, k, n)
+    preds = np.where(rng.random(n) < 0.7, gold, rng.integers(0, k, n))
+    if case == "constant_preds":                       # the majority-class collapse
+        preds = np.full(n, k - 1)
+    elif case == "one_class_gold":
+        gold = np.zeros(n, dtype=int)
+    elif case == "perfect":
+        preds = gold.copy()
+    return gold, preds
+
+
+SINGLE_LABEL = "ignore:A single label was found"      # sklearn's warning (the reference only)
+
+
+@pytest.mark.filterwarnings(SINGLE_LABEL)
+@pytest.mark.parametrize("case", ["noisy", "constant_preds", "one_class_gold", "perfect"])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])            # k = 1: every label the same class
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 1000])
+def test_class_metrics_equal_sklearn(n, k, case):
+    gold, preds = class_ids(n, k, case, seed=n * 10 + k)
+    assert kit_scores(gold, preds) == sklearn_scores(gold, preds)
+
+
+@pytest.mark.filterwarnings(SINGLE_LABEL)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=80))
+def test_class_metrics_equal_sklearn_on_any_labels(pairs):
+    gold, preds = np.array(pairs).T
+    assert kit_scores(gold, preds) == sklearn_scores(gold, preds)
+
+
+def values(n: int, case: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    y = 0.5 * x + rng.normal(size=n)
+    if case == "ties":                                  # ranks shared by several values
+        x, y = np.round(x), np.round(2 * y) / 2
+    elif case == "anti":
+        y = -x + 1e-3 * rng.normal(size=n)
+    elif case == "scaled":                              # far from 1: the rescaling before norms
+        x, y = x * 1e150, y * 1e-150
+    elif case == "offset":                              # small spread around a large mean
+        x, y = x + 1e6, y - 1e6
+    return x, y
+
+
+@pytest.mark.parametrize("case", ["noisy", "ties", "anti", "scaled", "offset"])
+@pytest.mark.parametrize("n", [2, 3, 10, 1000])
+def test_regression_metrics_equal_scipy_and_sklearn(n, case):
+    x, y = values(n, case, seed=n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # scipy's NearConstantInputWarning
+        assert pearson(x, y) == float(stats.pearsonr(x, y)[0])
+        assert spearman(x, y) == float(stats.spearmanr(x, y)[0])
+    assert mse(y, x) == mean_squared_error(y, x)
+
+
+@given(st.lists(st.tuples(st.sampled_from([-2.0, 0.0, 0.5, 3.0]) | st.floats(-1e6, 1e6),
+                          st.sampled_from([0.0, 1.0, 5.0]) | st.floats(-1e6, 1e6)),
+                min_size=2, max_size=50))
+def test_regression_metrics_equal_scipy_on_any_values(pairs):
+    x, y = np.array(pairs, dtype=np.float64).T
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # constant / near-constant inputs
+        for ours, theirs in ((pearson, stats.pearsonr), (spearman, stats.spearmanr)):
+            expected = float(theirs(x, y)[0])
+            assert ours(x, y) == expected or (math.isnan(ours(x, y)) and math.isnan(expected))
+    assert mse(y, x) == mean_squared_error(y, x)
+
+
+def test_average_ranks_share_ties():
+    assert average_ranks(np.array([3.0, 1.0, 3.0, 2.0, 3.0])).tolist() == [4, 1, 4, 2, 4]
+    assert average_ranks(np.array([7.0])).tolist() == [1]
+
+
+@pytest.mark.parametrize("preds, gold", [
+    ([0.5, 1.0], [0, 1]),             # fractions are no class ids
+    ([0, 2, 1], [0, 1, 1]),           # three classes on a binary task
+    ([0, 2], [0, 2]),                 # two classes, neither is 1
+])
+def test_binary_task_refuses_what_sklearn_refused(preds, gold):
+    with pytest.raises(ValueError):
+        f1_score(gold, preds, pos_label=1, average="binary", zero_division=0)
+    with pytest.raises(ValueError):
+        compute_metrics(get_task("MRPC"), preds, gold)
+
+
+def test_csv_regression_refuses_nan_as_sklearn_did():
+    with pytest.raises(ValueError, match="NaN"):
+        compute_metrics(csv_task(("text",), None), [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0])
+    m = compute_metrics(get_task("STS-B"), [np.nan, 1.0, 2.0], [1.0, 2.0, 3.0])
+    assert math.isnan(m["pearson"]) and math.isnan(m["spearman"])     # as scipy: propagated
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_tiny_splits(n):
+    reg = compute_metrics(get_task("STS-B"), [1.0, 2.0][:n], [2.0, 5.0][:n])
+    # n = 1 is constant: 0.0. n = 2: scipy rounds Pearson to +-1, Spearman is np.corrcoef's
+    assert reg["pearson"] == (0.0 if n == 1 else 1.0)
+    assert reg["spearman"] == (0.0 if n == 1 else 0.9999999999999999)
+    cls = compute_metrics(get_task("CoLA"), [1, 0][:n], [1, 0][:n])
+    assert cls["accuracy"] == 1.0 and cls["mcc"] == (0.0 if n == 1 else 1.0)
+
+
+def test_importing_the_training_kernel_loads_neither_scipy_nor_sklearn():
+    """A grid point's kernel imports kit.train and kit.views: neither may pull scipy (~1 s) or
+    sklearn. (Building a model still imports scipy.optimize: transformers.modeling_utils loads
+    its object-detection losses, which import scipy when it is installed - not the kit's.)"""
+    code = ("import sys, kit.train, kit.views; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit.metrics import significance_mark, welch_test
 from kit.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
 from kit.report import load_runs
 from kit.selection import select_by_best_dev, select_by_three_subsets
+from kit.stats import significance_mark, welch_test
 from kit.tables import (budget_view, comparisons, epoch_table, paper_table, runs_table,
                         summary_table)
 from kit.writers import write_tables
