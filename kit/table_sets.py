@@ -10,9 +10,10 @@ import pandas as pd
 from kit.config import RunConfig
 from kit.fold_tables import fold_table, oof_metrics, oof_predictions
 from kit.paper_results import PAPER_TASKS, paper_profile
+from kit.paper_table import paper_table
 from kit.selection import select_runs, selection_table
-from kit.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_runs, paper_table,
-                        runs_table, summary_table)
+from kit.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_runs, runs_table,
+                        summary_table)
 
 
 def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:

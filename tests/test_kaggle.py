@@ -14,7 +14,8 @@ from kit import batch, fold_tables, report, table_sets, writers
 from kit.config import ConfigError, RunConfig
 from kit.data import load_task_data
 from kit.readers import DataError
-from kit.tables import paper_table, summary_table
+from kit.paper_table import paper_table
+from kit.tables import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "tests" / "fixtures" / "stsb_pairs.csv"          # 200 real STS-B dev pairs

@@ -14,9 +14,9 @@ import pytest
 from kit.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
 from kit.report import load_runs
 from kit.selection import select_by_best_dev, select_by_three_subsets
+from kit.paper_table import paper_table
 from kit.stats import significance_mark, welch_test
-from kit.tables import (budget_view, comparisons, epoch_table, paper_table, runs_table,
-                        summary_table)
+from kit.tables import budget_view, comparisons, epoch_table, runs_table, summary_table
 from kit.writers import write_tables
 
 # The paper's table rows, copied verbatim from its text into the project (tests read nothing
