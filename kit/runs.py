@@ -7,6 +7,8 @@
                        test predictions in the GLUE server's format, submission.csv (CSV tasks)
     checkpoint/        best (kit.models.save_model layout: plain transformers loads it) and last
                        (accelerate's save_state: model, optimizer, RNGs, loop progress; for resuming)
+    ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.pt
+                       (save_labels: true; written by kit.ssa, read by read_saved_labels)
     notebook.ipynb     written by kit.batch
 
 Every reader and writer of a run folder is here (torch is not imported at module level: tables
@@ -21,6 +23,7 @@ import io
 import json
 import shutil
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -133,6 +136,23 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
     head_spec.json, every saved model has), else None."""
     folder = Path(run_dir) / "checkpoint" / "best"
     return folder if (folder / "head_spec.json").exists() else None
+
+
+def saved_labels_dir(run_dir: str | Path) -> Path:
+    """ssa_labels/: one epoch<N>.pt per SSA-labelled epoch of a run with save_labels: true
+    (written by kit.ssa.build_epoch)."""
+    return Path(run_dir) / "ssa_labels"
+
+
+def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
+    """The run's saved SSA epochs in epoch order, each {"epoch_set": the epoch's training set
+    (kit.data.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats": its
+    LabelStats as a dict}; nothing when it saved none."""
+    import torch
+    files = sorted(saved_labels_dir(run_dir).glob("epoch*.pt"),
+                   key=lambda path: int(path.stem.removeprefix("epoch")))
+    for path in files:
+        yield torch.load(path, weights_only=False)
 
 
 def make_run_dir(cfg: RunConfig) -> Path:

@@ -9,12 +9,12 @@ import nbformat
 import pytest
 import yaml
 
-from kit import batch, report, selection, table_sets, writers
+from kit import batch, mechanism, report, selection, table_sets, writers
 from kit.config import RunConfig
 from kit.tables import paper_table_for
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("results", "gamma", "cost", "case_study", "label_quality")
+NOTEBOOKS = ("results", "gamma", "cost", "case_study", "label_quality", "mechanism")
 NEEDS_CHECKPOINT = ("bert", "ssa-h")                   # the case study's two runs
 
 
@@ -132,6 +132,45 @@ def test_case_study_notebook(outputs, tmp_path):
     assert (outputs["dir"] / "figures" / "case_study-smoke-synthetic.png").exists()
     table = output_of(nb, "token_view.case_study_data(")
     assert "funny" in table and "works" in table and "ssa_p_important" in table
+
+
+MECHANISM_GRID = {"task": "synthetic", "model": "tiny", "synthetic_size": 48,
+                  "synthetic_spurious": 0.8, "max_length": 24, "epochs": 2, "lr": 5.0e-3,
+                  "batch_size": 16, "save_labels": True, "seed": [0, 1]}
+
+
+def test_mechanism_notebook(tmp_path):
+    """params/mechanism.yaml in miniature: BERT-r, SSA-H and guided BERT-r, 2 seeds, labels
+    saved; the notebook writes both tables and the figure."""
+    import torch
+    from kit.train import fit
+    profile = tmp_path / "mech-mini.yaml"
+    profile.write_text(yaml.safe_dump({"description": "test", "grid": [
+        {**MECHANISM_GRID, "method": ["bert", "ssa-h"]},
+        {**MECHANISM_GRID, "method": "bert", "guide_loss": "task+both"}]}))
+    out = tmp_path / "outputs"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                            # see `outputs`
+    try:
+        done = [(p, fit(RunConfig.from_dict(p)))
+                    for p in batch.load_profile(str(profile), str(out)).points]
+    finally:
+        torch.set_num_threads(threads)
+    nb = execute("mechanism", tmp_path, outputs_dir=str(out), profile=str(profile))
+    assert (out / "figures" / "mechanism-mech-mini.png").read_bytes()[:4] == b"\x89PNG"
+    md = (out / "tables" / "mechanism-mech-mini.md").read_text()
+    for row in ("BERT-r", "SSA-H", "BERT-r \\+ guiding", "SSA-H, epoch 1"):
+        assert re.search(rf"^\| {row} +\|", md, re.M), row
+    assert (out / "tables" / "mechanism-mech-mini-ssa-labels.csv").exists()
+    assert "p_holm" in output_of(nb, 'results["Dev accuracy"]')
+    records = mechanism.label_records(report.collect_runs(out, str(profile))).set_index("seed")
+    assert sorted(records.index) == [0, 1] and set(records["epoch"]) == {1}
+    for point, metrics in done:          # the saved epochs hold metrics.json's statistics
+        if point["method"] == "ssa-h":
+            flips = metrics["ssa_labels"][0]["flip_rate"]
+            assert records.loc[point["seed"], "flip_rate"] == flips
+    assert records["chance_precision"].between(0, 1).all()      # the shortcut may go unmasked:
+    assert records["shortcut_share_label1"].dropna().between(0, 1).all()          # NaN there
 
 
 # ---------------------------------------------------------------- report helpers
