@@ -11,7 +11,7 @@ import yaml
 
 from kit import batch, mechanism, report, selection, table_sets, writers
 from kit.config import RunConfig
-from kit.tables import paper_table_for
+from kit.paper_table import paper_table_for
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("results", "gamma", "cost", "case_study", "label_quality", "mechanism")
