@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from kit import progress as kprogress
-from kit import runs
+from kit import run_state, runs
 from kit import tracking as ktracking
 from kit.accel import make_accelerator
 from kit.config import RunConfig
@@ -87,7 +87,7 @@ class Job:
     def load(self, folder: Path):
         raise NotImplementedError
 
-    def summary(self, progress: runs.Progress, unwrapped) -> dict:
+    def summary(self, progress: run_state.Progress, unwrapped) -> dict:
         """best_dev, best_three_subset, last_dev and the job's own result fields."""
         raise NotImplementedError
 
@@ -121,10 +121,10 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc)
 
     # accelerate saves and restores the model, optimizer, every rank's RNG and this progress
-    progress = runs.Progress()
+    progress = run_state.Progress()
     accelerator.register_for_checkpointing(progress)
     if cfg.save_checkpoints:
-        runs.resume(accelerator, run_dir, progress)
+        run_state.resume(accelerator, run_dir, progress)
     job.resumed(progress.epoch)
     if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
         model = torch.compile(model, dynamic=True)
@@ -206,7 +206,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
         if cfg.save_checkpoints:            # every rank: each saves its RNG state
-            runs.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir, improved,
+            run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir, improved,
                                   job.save)
         accelerator.wait_for_everyone()     # the other ranks may read the checkpoint next
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kit import loop, methods, runs
+from kit import loop, methods, run_state, runs
 from kit import metrics as kmetrics
 from kit.backbones import load_backbone
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
@@ -223,7 +223,7 @@ class MultiTask(loop.Job):
     def load(self, folder: Path):
         return load_multitask(folder)
 
-    def summary(self, progress: runs.Progress, unwrapped) -> dict:
+    def summary(self, progress: run_state.Progress, unwrapped) -> dict:
         best, last = progress.best, progress.epochs[-1]
         best_three = best["three_subset"]
         return {"best_dev": flat_dev(best["dev"]),

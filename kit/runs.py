@@ -5,8 +5,9 @@
     history.csv        one row per logging step
     predictions/       dev predictions of the best epoch (<split>.tsv, multi-task <TASK>/<split>.tsv),
                        test predictions in the GLUE server's format, submission.csv (CSV tasks)
-    checkpoint/        best (kit.models.save_model layout: plain transformers loads it) and last
-                       (accelerate's save_state: model, optimizer, RNGs, loop progress; for resuming)
+    checkpoint/        best (kit.model_io's layout: plain transformers loads it) and last
+                       (accelerate's save_state: model, optimizer, RNGs, loop progress; for
+                       resuming); written and restored by kit.run_state
     ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.pt
                        (save_labels: true; written by kit.ssa, read by read_saved_labels)
     notebook.ipynb     written by kit.batch
@@ -21,10 +22,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
 import traceback
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +34,6 @@ from kit.config import RunConfig
 
 
 class RunLocked(RuntimeError):
-    pass
-
-
-class CheckpointError(RuntimeError):
     pass
 
 
@@ -138,6 +133,11 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
     return folder if (folder / "head_spec.json").exists() else None
 
 
+def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
+    """Where kit.ssa saves (and reuse_labels_from reads) one SSA epoch's set and statistics."""
+    return saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
+
+
 def saved_labels_dir(run_dir: str | Path) -> Path:
     """ssa_labels/: one epoch<N>.pt per SSA-labelled epoch of a run with save_labels: true
     (written by kit.ssa.build_epoch)."""
@@ -235,89 +235,6 @@ def _broadcast(state, verdict):
         return verdict
     from accelerate.utils import broadcast_object_list
     return broadcast_object_list([verdict])[0]
-
-
-# ---------------------------------------------------------------- loop state and checkpoints
-
-@dataclass
-class Progress:
-    """What the loop accumulates; saved with the last checkpoint so a killed run resumes."""
-    epoch: int = -1                    # last finished epoch
-    step: int = 0
-    trained_examples: int = 0
-    elapsed: float = 0.0
-    history: list = field(default_factory=list)
-    epochs: list = field(default_factory=list)
-    label_stats: list = field(default_factory=list)
-    walls: dict = field(default_factory=lambda: {"train": 0.0, "label_generation": 0.0, "eval": 0.0})
-    best: dict | None = None
-    resumed_after_epoch: int | None = None
-
-    def state_dict(self) -> dict:          # accelerate's register_for_checkpointing protocol
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
-
-
-def save_checkpoints(accelerator, model, tokenizer, run_dir: Path, improved: bool, save) -> None:
-    """After an epoch, called on every rank: `best` (the model as `save(model, tokenizer, folder)`
-    writes it, loadable by plain transformers) when it improved, and always `last`, accelerate's
-    state (model, optimizer, each rank's RNG, the registered Progress) that `resume` reads back.
-    Both are written beside and swapped in, so a kill never leaves a half checkpoint."""
-    main = accelerator.is_main_process
-    folder = run_dir / "checkpoint"
-    if improved and main:
-        _swap_in(lambda tmp: save(model, tokenizer, tmp), folder / "best")
-    tmp = folder / "last.tmp"
-    if main:
-        shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()        # every rank's RNG file is in
-    if main:
-        _swap_in(None, folder / "last")
-
-
-def resume(accelerator, run_dir: Path, progress: Progress) -> bool:
-    """Restore the last checkpoint, if there is one, into the prepared model and optimizer, the
-    RNGs and `progress` (registered with the accelerator). SSA labels need no saving: they are
-    regenerated from the restored model and the (seed, epoch)-seeded generator, exactly as the
-    uninterrupted run drew them. A checkpoint written by another number of processes is refused
-    (DDP's parameter names and the per-rank RNG files differ)."""
-    last = run_dir / "checkpoint" / "last"
-    # a kill between the two renames of _swap_in leaves only the previous copy, as .old
-    folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
-    if folder is None:
-        return False
-    wrote = len(list(folder.glob("random_states_*.pkl")))     # one per rank
-    if wrote != accelerator.num_processes:
-        raise CheckpointError(f"{folder} was written by {wrote} process(es), this run has "
-                              f"{accelerator.num_processes}: resume it with --processes {wrote}, "
-                              "or delete that folder to restart the run from scratch")
-    try:
-        accelerator.load_state(str(folder))
-    except Exception as err:
-        raise CheckpointError(f"{folder} is corrupt ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); delete "
-                              "that folder to restart the run from scratch") from None
-    progress.resumed_after_epoch = progress.epoch
-    return True
-
-
-def _swap_in(write, folder: Path) -> None:
-    """Swap `folder.tmp` in as `folder` (after `write(tmp)` made it, if given), keeping the old
-    copy as `folder.old` until the new one is in place."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    old = folder.with_name(folder.name + ".old")
-    if write is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        write(tmp)
-    if folder.exists():                    # else .old may be the only complete copy
-        shutil.rmtree(old, ignore_errors=True)
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- history and predictions

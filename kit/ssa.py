@@ -38,6 +38,7 @@ from kit.config import RunConfig
 from kit.data import IGNORE, Examples, pad_rows, unpad
 from kit.io import atomic_torch_save
 from kit.masking import Masking, draw_masks, masked_copies, real_tokens, variant_counts
+from kit.runs import saved_labels_path
 
 PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
 
@@ -216,8 +217,8 @@ def build_epoch(train: Examples, ssa: SSASettings, epoch: int, predict: PredictF
     if epoch < ssa.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
         return (all_ones(train) if ssa.label_rule == "code" else train), None
     started = time.perf_counter()
-    if ssa.reuse_labels_from and _saved_path(ssa.reuse_labels_from, epoch).exists():
-        blob = torch.load(_saved_path(ssa.reuse_labels_from, epoch), weights_only=False)
+    if ssa.reuse_labels_from and saved_labels_path(ssa.reuse_labels_from, epoch).exists():
+        blob = torch.load(saved_labels_path(ssa.reuse_labels_from, epoch), weights_only=False)
         stats = {**blob["stats"], "reused": True, "wall_s": time.perf_counter() - started}
         return Examples(**blob["epoch_set"]), stats
     stats = LabelStats(epoch=epoch, rule=ssa.label_rule)
@@ -229,7 +230,7 @@ def build_epoch(train: Examples, ssa: SSASettings, epoch: int, predict: PredictF
     stats.finish(epoch_set, started)
     if ssa.save_labels and run_dir is not None:
         atomic_torch_save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()},
-                          _saved_path(str(run_dir), epoch))
+                          saved_labels_path(str(run_dir), epoch))
     return epoch_set, stats.to_dict()
 
 
@@ -241,7 +242,3 @@ def _budgeted(epoch_set: Examples, n: int, budget: str, rng: np.random.Generator
     if budget != "equal_steps" or len(epoch_set) <= n:
         return epoch_set
     return epoch_set.subset(np.sort(rng.choice(len(epoch_set), n, replace=False)))
-
-
-def _saved_path(run_dir: str, epoch: int) -> Path:
-    return Path(run_dir) / "ssa_labels" / f"epoch{epoch}.pt"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kit import loop, runs
+from kit import loop, run_state, runs
 from kit import metrics as kmetrics
 from kit.backbones import load_backbone
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
@@ -26,7 +26,8 @@ from kit.guiding import guiding_loss
 from kit.model_io import load_trained
 from kit.models import HeadSpec, SequenceModel, ssa_loss, target_loss
 from kit.multitask import MultiTask
-from kit.runs import CheckpointError, RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
+from kit.run_state import CheckpointError  # noqa: F401 (public)
+from kit.runs import RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
 from kit.ssa import SSASettings, build_epoch
 from kit.submission import write_csv_submission
 from kit.token_cache import token_cache_dir
@@ -111,7 +112,7 @@ class SingleTask(loop.Job):
     def load(self, folder: Path):
         return load_trained(folder)
 
-    def summary(self, progress: runs.Progress, unwrapped) -> dict:
+    def summary(self, progress: run_state.Progress, unwrapped) -> dict:
         best = progress.best
         return {"best_dev": best["dev"], "best_three_subset": best["three_subset"],
                 "last_dev": progress.epochs[-1]["dev"]}

@@ -89,8 +89,8 @@ def test_results_modules_read_run_folders_through_kit_runs():
     "predictions" as a string of its own (messages may mention them) is kit.runs' alone."""
     run_files = {"config.json", "metrics.json", "history.csv", "predictions", "checkpoint",
                  "dev.tsv", "head_spec.json", "runs"}
-    results = ("report", "tables", "selection", "fold_tables", "table_sets", "writers",
-               "figure_data", "token_view", "figures")
+    results = ("report", "tables", "paper_table", "selection", "fold_tables", "table_sets",
+               "writers", "figure_data", "token_view", "figures", "mechanism")
     hits = [f"{name}.py: {node.value!r}" for name in results
             for node in ast.walk(ast.parse((KIT / f"{name}.py").read_text()))
             if isinstance(node, ast.Constant) and node.value in run_files]
