@@ -211,7 +211,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         accelerator.wait_for_everyone()     # the other ranks may read the checkpoint next
 
     if job.has_test:                   # GLUE with predict_test, a CSV task's csv_test_path
-        best = (job.load(run_dir / "checkpoint" / "best")[0].state_dict()
+        best = (job.load(runs.checkpoint_dir(run_dir) / "best")[0].state_dict()
                 if cfg.save_checkpoints else best_in_memory)
         unwrapped.load_state_dict(best)
         job.write_test(run_dir, predict, unwrapped)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from kit import methods, runs, tables
+from kit.backbones import load_tokenizer
 from kit.figure_data import method_dtype
 from kit.report import finished
 from kit.synthetic import SPURIOUS
@@ -49,17 +50,11 @@ def _one_setting(bench: pd.DataFrame) -> tuple:
     return tuple(settings.iloc[0])
 
 
-def _mean_std(mean: float, std: float, digits: int) -> str:
-    """ "mean ± std"; the mean alone for one seed, blank where nothing was measured."""
-    if pd.isna(mean):
-        return ""
-    return f"{mean:.{digits}f}" if pd.isna(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 def _view_cells(view: pd.DataFrame, name: str, baseline: str, scale: int) -> pd.DataFrame:
     """One epoch view's columns: mean ± std (x scale), diff and p_holm of each test."""
     stats = view[view["status"] == "ok"].groupby("method")["score"].agg(["mean", "std"]) * scale
-    cells = pd.DataFrame({name: [_mean_std(m, s, 1) for m, s in stats.to_numpy()]}, stats.index)
+    cells = pd.DataFrame({name: [tables.mean_std(m, s, 1) for m, s in stats.to_numpy()]},
+                         stats.index)
     for test, short in TESTS.items():
         found = tables.comparisons(view, baseline, test).set_index("method")
         cells[f"{name} diff"] = found["diff"].map("{:+.1f}".format)
@@ -93,7 +88,6 @@ def accuracy_table(df: pd.DataFrame, baseline: str = "bert") -> pd.DataFrame:
 def shortcut_token_id(model: str) -> int:
     """The id of the shortcut word (kit.synthetic.SPURIOUS) in `model`'s vocabulary; it must be
     one word-piece, or the labels on it cannot be counted per token."""
-    from kit.backbones import load_tokenizer
     tokenizer = load_tokenizer(model)
     if tokenizer.tokenize(SPURIOUS) != [SPURIOUS]:
         raise ValueError(f"{model}: {SPURIOUS!r} is not one word-piece "
@@ -138,7 +132,7 @@ def label_table(records: pd.DataFrame) -> pd.DataFrame:
     ordered = records.assign(method=records["method"].astype(method_dtype(records["method"])))
     stats = ordered.groupby(["method", "epoch"], observed=True)[list(LABEL_COLUMNS)].agg(
         ["mean", "std"])
-    out = pd.DataFrame({label: [_mean_std(m, s, 2) for m, s in stats[column].to_numpy()]
+    out = pd.DataFrame({label: [tables.mean_std(m, s, 2) for m, s in stats[column].to_numpy()]
                         for column, label in LABEL_COLUMNS.items()})
     out.insert(0, "SSA labels", [f"{tables.METHOD_LABELS.get(m, m)}, epoch {e}"
                                  for m, e in stats.index])

@@ -34,9 +34,9 @@ DEFAULT_BATCH_SIZE = 64
 def checkpoint_folder(run_dir: str | Path) -> Path:
     """`run_dir/checkpoint/best`, or one line saying why there is none."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
+    if not runs.config_path(run_dir).is_file():
         raise ModelError(f"{run_dir}: not a run folder (it has no config.json)")
-    folder = run_dir / "checkpoint" / "best"
+    folder = runs.checkpoint_dir(run_dir) / "best"
     if not (folder / SPEC).is_file():
         raise ModelError(f"{run_dir}: this run kept no checkpoint: rerun with "
                          "save_checkpoints: true")

@@ -13,6 +13,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kit.runs import checkpoint_dir
+
 
 class CheckpointError(RuntimeError):
     pass
@@ -45,7 +47,7 @@ def save_checkpoints(accelerator, model, tokenizer, run_dir: Path, improved: boo
     state (model, optimizer, each rank's RNG, the registered Progress) that `resume` reads back.
     Both are written beside and swapped in, so a kill never leaves a half checkpoint."""
     main = accelerator.is_main_process
-    folder = run_dir / "checkpoint"
+    folder = checkpoint_dir(run_dir)
     if improved and main:
         _swap_in(lambda tmp: save(model, tokenizer, tmp), folder / "best")
     tmp = folder / "last.tmp"
@@ -64,7 +66,7 @@ def resume(accelerator, run_dir: Path, progress: Progress) -> bool:
     regenerated from the restored model and the (seed, epoch)-seeded generator, exactly as the
     uninterrupted run drew them. A checkpoint written by another number of processes is refused
     (DDP's parameter names and the per-rank RNG files differ)."""
-    last = run_dir / "checkpoint" / "last"
+    last = checkpoint_dir(run_dir) / "last"
     # a kill between the two renames of _swap_in leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
     if folder is None:

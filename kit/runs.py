@@ -126,10 +126,15 @@ def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.Da
     return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, quoting=csv.QUOTE_NONE)
 
 
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    """checkpoint/: best (kit.model_io's layout) and last (accelerate's state, kit.run_state)."""
+    return Path(run_dir) / "checkpoint"
+
+
 def best_checkpoint(run_dir: str | Path) -> Path | None:
     """checkpoint/best when the run kept one (kit.models.save_model's layout, whose head spec,
     head_spec.json, every saved model has), else None."""
-    folder = Path(run_dir) / "checkpoint" / "best"
+    folder = checkpoint_dir(run_dir) / "best"
     return folder if (folder / "head_spec.json").exists() else None
 
 

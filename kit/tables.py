@@ -101,6 +101,13 @@ def fold_runs(df: pd.DataFrame) -> pd.DataFrame:
     return df[pd.to_numeric(df["n_folds"], errors="coerce").fillna(0) >= 2]
 
 
+def mean_std(mean: float, std: float, digits: int) -> str:
+    """ "mean ± std"; the mean alone for one seed (std NaN), blank where nothing was measured."""
+    if pd.isna(mean):
+        return ""
+    return f"{mean:.{digits}f}" if pd.isna(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
 # ---------------------------------------------------------------- views of the runs
 
 def epoch_view(df: pd.DataFrame, epoch: str = "best") -> pd.DataFrame:
@@ -218,8 +225,7 @@ def epoch_table(df: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(("task", "model", "method"), key), n=len(group))
         for view, frame in views.items():
             values = frame.loc[group.index, "score"].dropna() * scale
-            row[view] = (f"{values.mean():.1f} ± {values.std():.1f}" if len(values) > 1
-                         else f"{values.mean():.1f}" if len(values) else "")
+            row[view] = mean_std(values.mean(), values.std(), 1)
         rows.append(row)
     out = pd.DataFrame(rows, columns=["task", "model", "method", "n", *EPOCH_VIEWS])
     out.attrs["caption"] = "Task score by epoch view: " + "; ".join(
