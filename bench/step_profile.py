@@ -12,13 +12,18 @@ a share of the step, and that share bounds the fraction of the peak the whole st
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kit.backbones import load_backbone
+from kit.backbones import load_backbone, model_path
 from kit.models import HeadSpec, SequenceModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 # operator classes by aten name; the rest is "other" (layer norm, GELU, softmax, adds ...)
 CLASSES = {
@@ -49,27 +54,11 @@ def step_fn(length: int, batch: int, precision: str):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return step, model
+    return step
 
 
-def model_flops(model, length: int, batch: int) -> float:
-    """Useful FLOPs of one step (forward + backward = 3x forward; matmuls only, as in
-    bench/common.training_flops)."""
-    cfg = model.backbone.config
-    d, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    tokens = batch * length
-    forward = layers * (2 * (4 * d * d + 2 * d * ff) * tokens + 4 * d * length * tokens)
-    return 3 * (forward + 2 * d * d * batch)
-
-
-def bf16_peak(seconds: float = 2.0) -> float:
-    a, b = (torch.randn(2048, 2048, dtype=torch.bfloat16) for _ in range(2))
-    a @ b
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        n += 1
-    return 2 * 2048 ** 3 * n / (time.perf_counter() - t0)
+def bf16_peak() -> float:
+    return common.matmul_peak(seconds=2.0, dtype="bfloat16")["flops_per_s"]
 
 
 def main() -> None:
@@ -89,7 +78,7 @@ def main() -> None:
           "of the peak if only matmuls took time | " + " | ".join(CLASSES) + " | other |")
     print("|---" * (7 + len(CLASSES)) + "|")
     for precision in ("bf16", "fp32"):
-        step, model = step_fn(args.length, args.batch, precision)
+        step = step_fn(args.length, args.batch, precision)
         for _ in range(3):
             step()
         before = bf16_peak()
@@ -105,8 +94,11 @@ def main() -> None:
         total = sum(e.self_cpu_time_total for e in events)
         shares = {name: sum(e.self_cpu_time_total for e in events if e.key in ops) / total
                   for name, ops in CLASSES.items()}
-        useful = model_flops(model, args.length, args.batch) / seconds
-        cells = [f"{100 * v:.1f}%" for v in shares.values()] + [f"{100 * (1 - sum(shares.values())):.1f}%"]
+        # useful FLOPs of one step: matmuls only, padding-free (bench/common.training_flops)
+        flops = common.training_flops(model_path("minilm"), [args.length] * args.batch, 1)
+        useful = flops / seconds
+        other = 1 - sum(shares.values())
+        cells = [f"{100 * v:.1f}%" for v in [*shares.values(), other]]
         bound = useful / shares["matmul"] / peak     # the matmuls as fast as now, the rest free
         print(f"| {precision} | {seconds:.3f} | {useful / 1e9:.0f} | {peak / 1e9:.0f} | "
               f"{100 * useful / peak:.1f}% | {100 * bound:.0f}% | " + " | ".join(cells) + " |")
