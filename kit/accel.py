@@ -2,6 +2,10 @@
 machine, and the Accelerator (autocast, DDP, gradient accumulation, trackers) the loop uses."""
 from __future__ import annotations
 
+import resource
+import sys
+from pathlib import Path
+
 import torch
 
 # CPU features with bf16 matrix instructions (torch.cpu.get_capabilities() names): there a bf16
@@ -55,3 +59,33 @@ def _allow_precision_change(precision: str) -> None:
     single = PartialState._shared_state.get("num_processes", 1) == 1
     if state and single and state.get("_mixed_precision") != precision:
         AcceleratorState._reset_state()
+
+
+# Linux: writing 5 to clear_refs resets the process's peak resident size (VmHWM) to its current
+# size, so a run in a kernel that ran other points before reports its own peak
+_CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+
+
+def reset_peak_memory() -> None:
+    """Start counting peak memory from here (CUDA: allocator peak; Linux: resident peak)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:                  # not Linux, or not allowed: the process-wide peak stays
+        pass
+
+
+def peak_memory_mb() -> float:
+    """Peak memory since reset_peak_memory(): CUDA allocated bytes, or the process's resident
+    peak (on Linux since the reset; elsewhere since the process started)."""
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    try:
+        kib = next(int(line.split()[1]) for line in _STATUS.read_text().splitlines()
+                   if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        kib = peak / 1024 if sys.platform == "darwin" else peak     # bytes on macOS
+    return round(kib / 1024, 1)

@@ -4,8 +4,9 @@
 
 First a pre-flight, before any notebook kernel starts: the profile, every point's config and
 every task's data files are checked, so a typo or a bad file stops the batch in seconds with
-one line. Then each point runs in its own kernel; its training progress is streamed to this
-terminal as plain lines. Finished runs (metrics.json status ok) are skipped, so a rerun retries
+one line. Then the points run one after another in one warm kernel (kit.kernels: imports paid
+once, namespace cleared between points, a fresh kernel after a failed point; --fresh-kernels
+for one kernel per point); training progress is streamed to this terminal as plain lines. Finished runs (metrics.json status ok) are skipped, so a rerun retries
 only failed and missing ones; a failed run is recorded and the batch goes on; a lock per run
 keeps two batches on the same profile from running one config twice. At the end the collector
 writes outputs/tables/<profile>.{md,csv,tex}, prints the main table, draws the profile's
@@ -30,16 +31,12 @@ from kit import tracking as ktracking
 from kit.config import ConfigError, RunConfig
 from kit.data import glue_source, load_task_data
 from kit.hub import hub_unreachable
+from kit.kernels import Kernels
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError
 from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
                       run_dir_of)
 from kit.tasks import GLUE_TASKS
-
-# Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
-# nbclient stops the kernel) are not about the run: keep only the kernel's critical errors.
-KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
-
 
 # ---------------------------------------------------------------- pre-flight
 
@@ -102,13 +99,13 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
 
 # ---------------------------------------------------------------- one point
 
-def execute(profile: Profile, point: dict, processes: int = 1) -> tuple[str, str]:
-    """Run one grid point through papermill; returns (status, detail), status one of ok,
-    skipped, failed. The executed notebook is written to a temp file and renamed into the run
-    folder only by the batch that ran the point: a second batch never touches it.
-    processes > 1: the point runs data-parallel under torchrun (`python -m kit.train`), with
-    no notebook (a kernel is one process)."""
-    import papermill as pm
+def execute(profile: Profile, point: dict, processes: int = 1,
+            kernels: Kernels | None = None) -> tuple[str, str]:
+    """Run one grid point through papermill in `kernels` (None: a fresh kernel); returns
+    (status, detail), status one of ok, skipped, failed. The executed notebook is written to a
+    temp file and renamed into the run folder only by the batch that ran the point: a second
+    batch never touches it. processes > 1: the point runs data-parallel under torchrun
+    (`python -m kit.train`), with no notebook (a kernel is one process)."""
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
         return "skipped", "finished earlier"
@@ -122,7 +119,8 @@ def execute(profile: Profile, point: dict, processes: int = 1) -> tuple[str, str
             return _run_distributed(cfg, processes)
         try:
             with kio.atomic_path(run_dir / "notebook.ipynb") as tmp:
-                status, detail = _run_notebook(pm, profile, cfg, tmp)
+                status, detail = _run_notebook(kernels or Kernels(fresh=True), profile, cfg,
+                                               tmp)
                 if status == "skipped":     # the kernel found the run locked: not ours to write
                     raise _Discard
         except _Discard:
@@ -134,14 +132,13 @@ class _Discard(Exception):
     """Leave the temp notebook unwritten (kio.atomic_path removes it)."""
 
 
-def _run_notebook(pm, profile: Profile, cfg: RunConfig, output: Path) -> tuple[str, str]:
+def _run_notebook(kernels: Kernels, profile: Profile, cfg: RunConfig,
+                  output: Path) -> tuple[str, str]:
     # the whole resolved config, not just the grid point: the notebook's own defaults (a smoke
     # configuration) must not leak into the run, or its run id would differ from ours
     parameters = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}
     try:
-        pm.execute_notebook(str(profile.notebook), str(output), parameters=parameters,
-                            kernel_name="python3", progress_bar=False, cwd=str(REPO),
-                            stderr_file=sys.stderr, extra_arguments=KERNEL_ARGS)
+        kernels.execute(profile.notebook, output, parameters, stderr_file=sys.stderr)
     except Exception as err:   # the notebook failed or its kernel died
         detail = _failure_reason(err)
         if detail.startswith("RunLocked"):      # fit() refused: another process trains it
@@ -226,7 +223,7 @@ def prepare_kernels() -> None:
 
 
 def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
-                processes: int = 1) -> int:
+                processes: int = 1, fresh_kernels: bool = False) -> int:
     prepare_kernels()
     profile = load_profile(name, outputs_dir)
     points = shard(profile.points, shard_spec)
@@ -236,20 +233,21 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
           f"{time.perf_counter() - started:.1f}s", flush=True)
     counts = {"ok": 0, "skipped": 0, "failed": 0, "absent": 0}
     started, ran = time.perf_counter(), 0
-    for i, point in enumerate(points, 1):
-        cfg = RunConfig.from_dict(point)
-        t0 = time.perf_counter()
-        if cfg.run_id in absent:
-            status, detail = "absent", absent[cfg.run_id]
-        else:
-            if finished_metrics(cfg) is None:
-                print(f"[{i}/{len(points)}] {_label(cfg)}: started", flush=True)
-            status, detail = execute(profile, point, processes)
-        counts[status] += 1
-        ran += status in ("ok", "failed")
-        note = f" ({detail})" if detail else ""
-        print(f"[{i}/{len(points)}] {_label(cfg)}: {status}{note} "
-              f"{time.perf_counter() - t0:.0f}s{_eta(started, ran, len(points) - i)}", flush=True)
+    with Kernels(fresh=fresh_kernels) as kernels:
+        for i, point in enumerate(points, 1):
+            cfg = RunConfig.from_dict(point)
+            t0 = time.perf_counter()
+            if cfg.run_id in absent:
+                status, detail = "absent", absent[cfg.run_id]
+            else:
+                if finished_metrics(cfg) is None:
+                    print(f"[{i}/{len(points)}] {_label(cfg)}: started", flush=True)
+                status, detail = execute(profile, point, processes, kernels)
+            counts[status] += 1
+            ran += status in ("ok", "failed")
+            note = f" ({detail})" if detail else ""
+            print(f"[{i}/{len(points)}] {_label(cfg)}: {status}{note} {time.perf_counter() - t0:.0f}s"
+                  f"{_eta(started, ran, len(points) - i)}", flush=True)
     collect(profile, outputs_dir, show=True)
     print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
           f"{counts['failed']} failed, {counts['absent']} absent (task files missing) "
@@ -300,11 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1,
                         help="N > 1: each run data-parallel on N processes (torchrun; one per "
                              "GPU, or CPU processes with gloo); the global batch stays batch_size")
+    parser.add_argument("--fresh-kernels", action="store_true",
+                        help="start a new notebook kernel for every point (default: one warm "
+                             "kernel runs the points one after another)")
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be >= 1")
     try:
-        return run_profile(args.profile, args.shard, args.outputs, args.processes)
+        return run_profile(args.profile, args.shard, args.outputs, args.processes,
+                           args.fresh_kernels)
     except (ConfigError, DataError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -15,7 +15,6 @@ builds the identical next epoch. Counts are global; only the main process writes
 from __future__ import annotations
 
 import copy
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 from kit import progress as kprogress
 from kit import run_state, runs
 from kit import tracking as ktracking
-from kit.accel import make_accelerator
+from kit.accel import make_accelerator, peak_memory_mb, reset_peak_memory
 from kit.config import RunConfig
 from kit.data import Examples, collate, sorted_batches
 from kit.metrics import flatten_metrics
@@ -101,6 +100,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
     set_seed(cfg.seed)
+    reset_peak_memory()                    # the kernel may have run other points before this one
     accelerator = make_accelerator(
         cfg.mixed_precision, cfg.grad_accum, ktracking.trackers(ktracking.resolve(cfg.report_to), cfg.outputs_dir, cfg.profile,
                                 cfg.run_id), find_unused_parameters=build.find_unused_parameters)
@@ -308,9 +308,3 @@ def brief(dev_metrics: dict) -> str:
     """`accuracy 0.6123, f1 0.5800` from a dev metrics dict (multi-task: `RTE/accuracy ...`)."""
     flat = flatten_metrics(dev_metrics)
     return ", ".join(f"{k} {v:.4f}" for k, v in flat.items() if k != "score" or len(flat) == 1)
-
-
-def peak_memory_mb() -> float:
-    if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux

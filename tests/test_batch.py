@@ -137,6 +137,66 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
     assert "0 ok, 4 skipped, 4 failed" in summary
 
 
+WARM_GRID = """
+grid:
+  - &point
+    task: synthetic
+    model: tiny
+    synthetic_size: 200
+    epochs: 2
+    lr: 5.0e-3
+    method: ssa-h
+  - {<<: *point, method: bert, model: /nonexistent/model}
+  - {<<: *point, method: bert, mixed_precision: "no"}
+  - {<<: *point, method: bert-mask, predict_test: false}
+"""
+
+
+def _without_timings(value):
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items()
+                if k not in ("wall_s", "train_examples_per_s", "peak_memory_mb")}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    return value
+
+
+def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch):
+    """Points run one after another in one kernel (bf16, then fp32, then BERT-mask) give bit for
+    bit the results of one fresh kernel each; a failed point takes its kernel with it."""
+    from kit import kernels
+    starts, start = [], kernels._Manager.start_kernel
+
+    async def counted(self, **kwargs):
+        starts.append(kwargs)
+        return await start(self, **kwargs)
+
+    monkeypatch.setattr(kernels._Manager, "start_kernel", counted)
+    warm = write_profile(tmp_path, WARM_GRID)
+    assert batch.run_profile(str(warm), outputs_dir=str(tmp_path / "warm")) == 1   # one failed
+    assert len(starts) == 2                    # the first kernel, and one after the failure
+    fresh = tmp_path / "fresh" / "p.yaml"             # the same profile name, less the failure
+    fresh.parent.mkdir()
+    fresh.write_text(WARM_GRID.replace("  - {<<: *point, method: bert, model: /nonexistent/model}\n",
+                                       ""))
+    assert batch.run_profile(str(fresh), outputs_dir=str(tmp_path / "fresh"),
+                             fresh_kernels=True) == 0
+    assert len(starts) == 2                    # fresh kernels are papermill's own
+    fresh_runs = sorted((tmp_path / "fresh" / "runs").iterdir())
+    assert len(fresh_runs) == 3
+    for run in fresh_runs:
+        other = tmp_path / "warm" / "runs" / run.name
+        a, b = (json.loads((d / "metrics.json").read_text()) for d in (run, other))
+        assert a["status"] == "ok" and _without_timings(a) == _without_timings(b)
+        for path in run.rglob("*.tsv"):
+            assert path.read_bytes() == (other / path.relative_to(run)).read_bytes()
+        strip = [line.split(",")[:2] + line.split(",")[3:]
+                 for line in (run / "history.csv").read_text().splitlines()]
+        assert strip == [line.split(",")[:2] + line.split(",")[3:]
+                         for line in (other / "history.csv").read_text().splitlines()]
+        assert (other / "notebook.ipynb").exists()
+
+
 def test_main_reports_bad_profiles_in_one_line(capsys):
     assert batch.main(["no-such-profile"]) == 2
     err = capsys.readouterr().err.strip()
