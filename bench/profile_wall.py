@@ -87,25 +87,32 @@ def run_batch(profile: str, repo: Path, fresh: bool, outputs: Path) -> dict:
     cmd = [sys.executable, "-m", "kit.batch", profile, "--outputs", str(outputs),
            *(["--fresh-kernels"] if fresh else [])]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = last = time.perf_counter()
-    spans = {}                       # "task=... method=... seed=... model=..." -> seconds
+    t0 = time.perf_counter()
     with subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True) as proc:
-        for line in proc.stdout:
-            head, _, status = line.partition(": ")
-            if head.startswith("[") and status.startswith(("ok", "failed")):
-                now = time.perf_counter()
-                spans[head.split("] ", 1)[1]], last = now - last, now
+        timed = [(time.perf_counter() - t0, line) for line in proc.stdout]
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} exited {proc.returncode}")
+    spans = point_spans(timed)
     outside = {label(run): spans[label(run)] - json.loads(
         (run / "metrics.json").read_text())["wall_s"]["total"] for run in (outputs / "runs").iterdir()}
     first, *later = spans
     return {"wall": wall, "points": len(spans),
             "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
             "first": outside[first], "outside": statistics.median(outside[k] for k in later)}
+
+
+def point_spans(timed: list[tuple[float, str]]) -> dict[str, float]:
+    """{point label: seconds from the previous result line (or the start) to its own} from the
+    batch's stdout lines with their arrival times."""
+    spans, last = {}, 0.0
+    for at, line in timed:
+        head, _, status = line.partition(": ")
+        if head.startswith("[") and status.startswith(("ok", "failed")):
+            spans[head.split("] ", 1)[1]], last = at - last, at
+    return spans
 
 
 def label(run: Path) -> str:

@@ -87,3 +87,15 @@ def test_bf16_parity_pairs_the_precisions_and_pools_label_stats(tmp_path):
     assert row["share_label1_fp32"] == [pytest.approx(0.275)] * 2   # (0.2 * 30 + 0.5 * 10) / 40
     assert row["train_speed_bf16_over_fp32"] == [2.0, 2.0]
     assert row["label_gen_time_bf16_over_fp32"] == [0.5, 0.5]
+
+
+def test_profile_wall_times_each_point_from_the_previous_result_line():
+    import profile_wall
+    lines = [(1.0, "profile p: 2 runs, data checked in 0.0s\n"),
+             (1.0, "[1/2] task=RTE method=bert seed=0 model=minilm: started\n"),
+             (6.5, "[1/2] task=RTE method=bert seed=0 model=minilm: ok 5s, ETA 0m05s\n"),
+             (6.5, "[2/2] task=RTE method=ssa-h seed=0 model=minilm: started\n"),
+             (8.0, "[2/2] task=RTE method=ssa-h seed=0 model=minilm: failed (x) 2s\n"),
+             (9.0, "profile p: 1 ok, 0 skipped, 1 failed\n")]
+    assert profile_wall.point_spans(lines) == {"task=RTE method=bert seed=0 model=minilm": 6.5,
+                                               "task=RTE method=ssa-h seed=0 model=minilm": 1.5}
