@@ -6,9 +6,10 @@ First a pre-flight, before any notebook kernel starts: the profile, every point'
 every task's data files are checked, so a typo or a bad file stops the batch in seconds with
 one line. Then the points run one after another in one warm kernel (kit.kernels: imports paid
 once, namespace cleared between points, a fresh kernel after a failed point; --fresh-kernels
-for one kernel per point); training progress is streamed to this terminal as plain lines. Finished runs (metrics.json status ok) are skipped, so a rerun retries
-only failed and missing ones; a failed run is recorded and the batch goes on; a lock per run
-keeps two batches on the same profile from running one config twice. At the end the collector
+for one kernel per point); training progress is streamed to this terminal as plain lines.
+Finished runs (metrics.json status ok) are skipped, so a rerun retries only failed and missing
+ones; a failed run is recorded and the batch goes on; a lock per run keeps two batches on the
+same profile from running one config twice. At the end the collector
 writes outputs/tables/<profile>.{md,csv,tex}, prints the main table, draws the profile's
 figures and prints a summary line; the exit status is 1 if any run failed.
 """
