@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
 
 from kit.profiles import REPO
 
@@ -43,13 +44,17 @@ class _Manager(AsyncKernelManager):
     """A kernel manager that remembers the clients made of it: nbclient makes one per notebook
     and leaves it open when it does not own the kernel (its heartbeat thread would run on)."""
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.open_clients = []
+
     def client(self, **kwargs):
         client = super().client(**kwargs)
-        self.open_clients = [*getattr(self, "open_clients", []), client]
+        self.open_clients.append(client)
         return client
 
     def close_clients(self) -> None:
-        for client in getattr(self, "open_clients", []):
+        for client in self.open_clients:
             client.stop_channels()
         self.open_clients = []
 
@@ -94,21 +99,16 @@ class Kernels:
         manager, self._manager = self._manager, None
         if manager is not None:
             manager.close_clients()
-            _sync(manager.shutdown_kernel)(now=True)
+            run_sync(manager.shutdown_kernel)(now=True)
 
     def _warm(self) -> _Manager:
-        if self._manager is not None and not _sync(self._manager.is_alive)():
+        if self._manager is not None and not run_sync(self._manager.is_alive)():
             self.close()
         if self._manager is None:
             manager = _Manager(kernel_name=KERNEL_NAME)
-            _sync(manager.start_kernel)(extra_arguments=KERNEL_ARGS, cwd=str(REPO))
+            run_sync(manager.start_kernel)(extra_arguments=KERNEL_ARGS, cwd=str(REPO))
             self._manager = manager
         return self._manager
-
-
-def _sync(method):
-    from jupyter_core.utils import run_sync
-    return run_sync(method)
 
 
 def _run_code(manager: _Manager, code: str, timeout: float = 120) -> None:
