@@ -32,6 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from kit.batch import point_label  # noqa: E402
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -96,8 +98,11 @@ def run_batch(profile: str, repo: Path, fresh: bool, outputs: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} exited {proc.returncode}")
     spans = point_spans(timed)
-    outside = {label(run): spans[label(run)] - json.loads(
-        (run / "metrics.json").read_text())["wall_s"]["total"] for run in (outputs / "runs").iterdir()}
+    outside = {}
+    for run in (outputs / "runs").iterdir():
+        label = point_label(json.loads((run / "config.json").read_text()))
+        total = json.loads((run / "metrics.json").read_text())["wall_s"]["total"]
+        outside[label] = spans[label] - total
     first, *later = spans
     return {"wall": wall, "points": len(spans),
             "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
@@ -113,12 +118,6 @@ def point_spans(timed: list[tuple[float, str]]) -> dict[str, float]:
         if head.startswith("[") and status.startswith(("ok", "failed")):
             spans[head.split("] ", 1)[1]], last = at - last, at
     return spans
-
-
-def label(run: Path) -> str:
-    """The batch's label of a run (kit.batch._label) from its config.json."""
-    cfg = json.loads((run / "config.json").read_text())
-    return " ".join(f"{k}={cfg[k]}" for k in ("task", "method", "seed", "model"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -200,8 +201,10 @@ def _failure_reason(err: Exception) -> str:
 
 # ---------------------------------------------------------------- the grid
 
-def _label(cfg: RunConfig) -> str:
-    return " ".join(f"{k}={getattr(cfg, k)}" for k in ("task", "method", "seed", "model"))
+def point_label(fields: Mapping) -> str:
+    """`task=RTE method=ssa-h seed=0 model=minilm`: how a batch's lines name a point, from its
+    config (RunConfig.to_dict(), or a run's config.json)."""
+    return " ".join(f"{k}={fields[k]}" for k in ("task", "method", "seed", "model"))
 
 
 def _eta(started: float, ran: int, left: int) -> str:
@@ -237,17 +240,18 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     with Kernels(fresh=fresh_kernels) as kernels:
         for i, point in enumerate(points, 1):
             cfg = RunConfig.from_dict(point)
+            head = f"[{i}/{len(points)}] {point_label(cfg.to_dict())}"
             t0 = time.perf_counter()
             if cfg.run_id in absent:
                 status, detail = "absent", absent[cfg.run_id]
             else:
                 if finished_metrics(cfg) is None:
-                    print(f"[{i}/{len(points)}] {_label(cfg)}: started", flush=True)
+                    print(f"{head}: started", flush=True)
                 status, detail = execute(profile, point, processes, kernels)
             counts[status] += 1
             ran += status in ("ok", "failed")
             note = f" ({detail})" if detail else ""
-            print(f"[{i}/{len(points)}] {_label(cfg)}: {status}{note} {time.perf_counter() - t0:.0f}s"
+            print(f"{head}: {status}{note} {time.perf_counter() - t0:.0f}s"
                   f"{_eta(started, ran, len(points) - i)}", flush=True)
     collect(profile, outputs_dir, show=True)
     print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "

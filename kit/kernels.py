@@ -17,6 +17,7 @@ Every point still gets its own executed notebook (papermill writes it as before)
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -77,23 +78,25 @@ class Kernels:
         """Execute `notebook` with `parameters` into `output`; raises what papermill raises
         (the kernel is then discarded)."""
         import papermill as pm
-        manager = None if self.fresh else self._warm()
+        run = functools.partial(pm.execute_notebook, str(notebook), str(output),
+                                parameters=parameters, kernel_name=KERNEL_NAME,
+                                progress_bar=False, cwd=str(REPO), stderr_file=stderr_file,
+                                extra_arguments=KERNEL_ARGS)
+        if self.fresh:
+            run()                   # papermill starts and stops a kernel of its own
+            return
+        manager = self._warm()
         try:
-            pm.execute_notebook(str(notebook), str(output), parameters=parameters,
-                                kernel_name=KERNEL_NAME, progress_bar=False, cwd=str(REPO),
-                                stderr_file=stderr_file, extra_arguments=KERNEL_ARGS,
-                                **({"km": manager} if manager else {}))
+            run(km=manager)
         except BaseException:
             self.close()            # a failed point's kernel is not reused
             raise
         finally:
-            if manager:
-                manager.close_clients()
-        if manager:
-            try:
-                _run_code(manager, RESET)
-            except Exception:       # the point is done; only its kernel is not reused
-                self.close()
+            manager.close_clients()
+        try:
+            _reset(manager)
+        except Exception:           # the point is done; only its kernel is not reused
+            self.close()
 
     def close(self) -> None:
         manager, self._manager = self._manager, None
@@ -111,15 +114,15 @@ class Kernels:
         return self._manager
 
 
-def _run_code(manager: _Manager, code: str, timeout: float = 120) -> None:
-    """Run `code` in the kernel and wait for its reply (on the shell channel: no wait for the
-    output channel to connect, 0.2 s); an error in it raises RuntimeError."""
+def _reset(manager: _Manager, timeout: float = 120) -> None:
+    """Clear the kernel's namespace (RESET) and wait for its reply, on the shell channel only
+    (waiting for the output channel to connect costs 0.2 s); an error raises RuntimeError."""
     from jupyter_client import BlockingKernelClient
     client = BlockingKernelClient()
     client.load_connection_info(manager.get_connection_info())
     client.start_channels(iopub=False, stdin=False, hb=False, control=False)
     try:
-        msg_id = client.execute(code, silent=True, store_history=False)
+        msg_id = client.execute(RESET, silent=True, store_history=False)
         reply = client.get_shell_msg(timeout=timeout)
         while reply["parent_header"].get("msg_id") != msg_id:
             reply = client.get_shell_msg(timeout=timeout)

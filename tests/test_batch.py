@@ -177,8 +177,8 @@ def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch):
     assert len(starts) == 2                    # the first kernel, and one after the failure
     fresh = tmp_path / "fresh" / "p.yaml"             # the same profile name, less the failure
     fresh.parent.mkdir()
-    fresh.write_text(WARM_GRID.replace("  - {<<: *point, method: bert, model: /nonexistent/model}\n",
-                                       ""))
+    failing = "  - {<<: *point, method: bert, model: /nonexistent/model}\n"
+    fresh.write_text(WARM_GRID.replace(failing, ""))
     assert batch.run_profile(str(fresh), outputs_dir=str(tmp_path / "fresh"),
                              fresh_kernels=True) == 0
     assert len(starts) == 2                    # fresh kernels are papermill's own
