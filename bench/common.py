@@ -134,22 +134,21 @@ def peak_memory() -> dict:
 
 
 def hardware() -> dict:
+    """Where a figure was measured: the CPU and its class (kit.provenance: avx2 / avx512 /
+    avx512_bf16 / amx ...), the flags that decide bf16, bf16 native or emulated with its rate at
+    a small size, cores, load, versions. Every benchmark prints it above its numbers."""
     import torch
     import transformers
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+    from kit.provenance import cpu_info
+    cpu, probe = cpu_info(), bf16_probe()
+    return {"cpu": cpu["model"], "cpu_class": cpu["cpu_class"], "cpu_flags": cpu["flags"],
+            "bf16": f"{'native' if probe['native'] else 'emulated'} "
+                    f"({probe['gflops_256']} GFLOP/s at 256 x 256)",
+            "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
             "load_avg_1m": round(os.getloadavg()[0], 2),   # a busy machine skews every number
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    return info
 
 
 def print_header(title: str) -> dict:
@@ -208,8 +207,8 @@ def matmul_peak(size: int = 2048, seconds: float = 3.0, dtype: str | None = None
     import torch
     cuda = torch.cuda.is_available()
     if dtype is None:
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if cuda \
-            else "float32"
+        from kit.accel import cuda_has_native_bf16
+        dtype = ("bfloat16" if cuda_has_native_bf16() else "float16") if cuda else "float32"
     device = "cuda" if cuda else "cpu"
     a, b = (torch.randn(size, size, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
     out = torch.empty_like(a)
@@ -229,15 +228,32 @@ def matmul_peak(size: int = 2048, seconds: float = 3.0, dtype: str | None = None
     return {"flops_per_s": 2 * size ** 3 * n / timed(n), "dtype": dtype, "size": size}
 
 
-PEAK_DTYPES = ("float32", "bfloat16")
+def native_peak_dtypes() -> tuple[str, ...]:
+    """The matmul dtypes worth a peak on this machine: fp32 always; bf16 where it is native (a
+    GPU with bf16, a CPU with avx512_bf16 / AMX). Elsewhere bf16 is emulated (an AVX2 CPU: 1.2-1.8
+    GFLOP/s against fp32's 27-54, docs/benchmarks.md): its 2048 x 2048 peak would take minutes and
+    is no ceiling anything trains against; bf16_probe() records it small instead."""
+    import torch
+    from kit.accel import cpu_has_native_bf16, cuda_has_native_bf16
+    native = cuda_has_native_bf16() if torch.cuda.is_available() else cpu_has_native_bf16()
+    return ("float32", "bfloat16") if native else ("float32",)
 
 
-def peaks(seconds: float = 2.0) -> dict[str, float]:
-    """fp32 and bf16 matmul peaks (FLOP/s) of this process, measured now: the two ceilings a
-    contender is set against. Taken right before and right after every contender, because a
-    shared machine's speed drifts between minutes (one measurement before all contenders once
-    gave 127-147% "of peak")."""
-    return {d: matmul_peak(seconds=seconds, dtype=d)["flops_per_s"] for d in PEAK_DTYPES}
+def bf16_probe() -> dict:
+    """The bf16 matmul rate at a small size (256 x 256, ~0.2 s even where bf16 is emulated) and
+    whether it is native: what the hardware header says about bf16 on every machine."""
+    from kit.accel import cpu_has_native_bf16
+    rate = matmul_peak(size=256, seconds=0.1, dtype="bfloat16")["flops_per_s"]
+    return {"native": cpu_has_native_bf16(), "gflops_256": round(rate / 1e9, 2)}
+
+
+def peaks(seconds: float = 2.0, size: int = 2048) -> dict[str, float]:
+    """The matmul peaks (FLOP/s) of this process, measured now, in each native dtype
+    (native_peak_dtypes): the ceilings a contender is set against. Taken right before and right
+    after every contender, because a shared machine's speed drifts between minutes (one
+    measurement before all contenders once gave 127-147% "of peak")."""
+    return {d: matmul_peak(size=size, seconds=seconds, dtype=d)["flops_per_s"]
+            for d in native_peak_dtypes()}
 
 
 def around(before: dict[str, float], after: dict[str, float]) -> dict:

@@ -3,8 +3,10 @@
 The step is the kit's single-task `bert` step: kit.models.SequenceModel (encoder + pooler +
 classifier) on a batch of `--batch` rows of `--length` real tokens, forward under bf16 autocast
 (or fp32), fp32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW (kit.loop). It
-answers "how close can useful FLOP/s get to the bf16 matmul peak?": the matrix products are only
-a share of the step, and that share bounds the fraction of the peak the whole step can reach.
+answers "how close can useful FLOP/s get to the matmul peak of the step's own precision?": the
+matrix products are only a share of the step, and that share bounds the fraction of the peak the
+whole step can reach. bf16 is profiled only where it is native (bench/common.native_peak_dtypes):
+an emulated bf16 step (AVX2) says nothing about the kit.
 
     python bench/step_profile.py --length 68 --threads 1      # RTE's mean length
     python bench/step_profile.py --length 14 --threads 1      # SST-2's
@@ -57,8 +59,11 @@ def step_fn(length: int, batch: int, precision: str):
     return step
 
 
-def bf16_peak() -> float:
-    return common.matmul_peak(seconds=2.0, dtype="bfloat16")["flops_per_s"]
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def peak(precision: str) -> float:
+    return common.matmul_peak(seconds=2.0, dtype=DTYPES[precision])["flops_per_s"]
 
 
 def main() -> None:
@@ -74,19 +79,22 @@ def main() -> None:
     logging.disable_progress_bar()
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch} x "
           f"{args.length} tokens, minilm\n")
-    print("| precision | s / step | useful GFLOP/s | bf16 peak GFLOP/s | of the peak | "
+    hardware = common.hardware()
+    print(f"CPU {hardware['cpu']} ({hardware['cpu_class']}), bf16 {hardware['bf16']}\n")
+    print("| precision | s / step | useful GFLOP/s | its matmul peak GFLOP/s | of the peak | "
           "of the peak if only matmuls took time | " + " | ".join(CLASSES) + " | other |")
     print("|---" * (7 + len(CLASSES)) + "|")
-    for precision in ("bf16", "fp32"):
+    native = common.native_peak_dtypes()
+    for precision in [p for p, dtype in DTYPES.items() if dtype in native]:
         step = step_fn(args.length, args.batch, precision)
         for _ in range(3):
             step()
-        before = bf16_peak()
+        before = peak(precision)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             step()
         seconds = (time.perf_counter() - t0) / args.steps
-        peak = (before + bf16_peak()) / 2
+        ceiling = (before + peak(precision)) / 2
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
                 step()
@@ -99,9 +107,9 @@ def main() -> None:
         useful = flops / seconds
         other = 1 - sum(shares.values())
         cells = [f"{100 * v:.1f}%" for v in [*shares.values(), other]]
-        bound = useful / shares["matmul"] / peak     # the matmuls as fast as now, the rest free
-        print(f"| {precision} | {seconds:.3f} | {useful / 1e9:.0f} | {peak / 1e9:.0f} | "
-              f"{100 * useful / peak:.1f}% | {100 * bound:.0f}% | " + " | ".join(cells) + " |")
+        bound = useful / shares["matmul"] / ceiling   # the matmuls as fast as now, the rest free
+        print(f"| {precision} | {seconds:.3f} | {useful / 1e9:.0f} | {ceiling / 1e9:.0f} | "
+              f"{100 * useful / ceiling:.1f}% | {100 * bound:.0f}% | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
                               DataCollatorWithPadding, Trainer, TrainingArguments, set_seed)
 
+    from kit.accel import cuda_has_native_bf16
     from kit.data import load_task_data
     from kit.metrics import evaluate_splits, reported_metrics
     from kit.backbones import model_path
@@ -142,7 +143,7 @@ def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
     # Trainer's default is fp32 everywhere; the kit's "auto" uses bf16 (fp16) + tf32 on a GPU.
     # Without a precision given, match the kit on a GPU so a GPU comparison is not a precision
     # comparison; on a CPU keep Trainer's default. Given: bf16=True is autocast on a CPU too.
-    bf16 = (cuda and torch.cuda.is_bf16_supported()) if precision is None else precision == "bf16"
+    bf16 = (cuda and cuda_has_native_bf16()) if precision is None else precision == "bf16"
     fp16 = (cuda and not bf16) if precision is None else precision == "fp16"
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
@@ -164,9 +165,12 @@ def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
         t0 = time.perf_counter()
         results = {}
         for name, split in dev.items():
-            logits = trainer.predict(split).predictions
-            logits = logits[0] if isinstance(logits, tuple) else logits
-            results[name] = (np.asarray(logits).argmax(-1), data.dev[name].labels)
+            # transformers 5.x: with train_sampling_strategy="group_by_length" the EVAL sampler
+            # is length-grouped too, so predict() returns rows in a shuffled order; its label_ids
+            # come in that same order (scored against the dataset's order, SST-2 read 0.50-0.53)
+            out = trainer.predict(split)
+            logits = out.predictions[0] if isinstance(out.predictions, tuple) else out.predictions
+            results[name] = (np.asarray(logits).argmax(-1), np.asarray(out.label_ids))
         eval_s = time.perf_counter() - t0
     metric = reported_metrics(task)[0]
     return {"train_s": round(train_s, 3), "train_examples": len(train) * args.epochs,

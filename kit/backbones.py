@@ -70,6 +70,27 @@ def load_backbone(name: str, eager_attention: bool = False):
     return model, load_tokenizer(name, local_only=unreachable is not None)
 
 
+def is_hub_id(name: str) -> bool:
+    """A name only the hub (or its local cache) can resolve: not the embedded or tiny model, not
+    a path, not an existing folder."""
+    return name not in (EMBEDDED, TINY) and not looks_like_path(name) and not Path(name).exists()
+
+
+def check_hub_model(name: str) -> None:
+    """Pre-flight, before any kernel starts: a hub id that cannot load because the hub is
+    unreachable and the model is not in the local cache is one ModelError line now, not a run
+    recorded failed after 13-24 s inside the kernel. Folders are checked when loaded: an earlier
+    point of the same batch may write one (a pretraining run)."""
+    if not is_hub_id(name):
+        return
+    unreachable = hub.hub_unreachable()
+    if unreachable is None:
+        return
+    from huggingface_hub import try_to_load_from_cache
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise ModelError(_load_hint(name, FileNotFoundError("not cached"), unreachable))
+
+
 def model_path(name: str) -> str:
     """What Hugging Face loads for a model name: the embedded model's folder, else the name."""
     return str(embedded_model_dir()) if name == EMBEDDED else name

@@ -33,6 +33,7 @@ from kit import tracking as ktracking
 from kit.config import ConfigError, RunConfig
 from kit.data import glue_source, load_task_data
 from kit.hub import hub_unreachable
+from kit.backbones import ModelError, check_hub_model
 from kit.kernels import Kernels
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError
@@ -86,6 +87,7 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
     for point in points:
         cfg = RunConfig.from_dict(point)
         ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
+        check_hub_model(cfg.model)               # offline and not cached: one line, now
         for one in _single_task_configs(cfg):
             key = _data_key(one)
             if key not in checked:
@@ -149,14 +151,14 @@ def _run_notebook(kernels: Kernels, profile: Profile, cfg: RunConfig,
     return "ok", ""
 
 
-def _failed(cfg: RunConfig, detail: str) -> tuple[str, str]:
+def _failed(cfg: RunConfig, detail: str, processes: int = 1) -> tuple[str, str]:
     """The run's own failure record, or one for a process that died before writing it."""
     try:
         recorded = read_metrics(run_dir_of(cfg)) or {}
     except (OSError, ValueError):
         recorded = {}
     if recorded.get("status") != "failed":
-        record_failed(cfg, detail)
+        record_failed(cfg, detail, processes=processes)
     return "failed", recorded.get("error") or detail
 
 
@@ -190,7 +192,7 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
     detail = errors[0] if errors else f"torchrun exit {proc.returncode}"
     if detail.startswith("RunLocked"):
         return "skipped", "running in another process"
-    return _failed(cfg, detail)
+    return _failed(cfg, detail, processes)
 
 
 def _failure_reason(err: Exception) -> str:
@@ -276,7 +278,8 @@ def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path
     if show:
         title, table = next(iter(tables.items()))
         named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
-        print(f"\n{title} - {profile.name} (dev sets; {paths[0]})\n"
+        notes = "".join(f"{line}\n" for line in table.attrs.get("notes", ()))
+        print(f"\n{title} - {profile.name} (dev sets; {paths[0]})\n{notes}"
               f"{named.to_markdown(index=False)}\n", flush=True)
     return paths + [_figure(profile, kind, outputs_dir, show) for kind in profile.figures]
 
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_profile(args.profile, args.shard, args.outputs, args.processes,
                            args.fresh_kernels)
-    except (ConfigError, DataError, OSError) as err:
+    except (ConfigError, DataError, ModelError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -26,7 +26,7 @@ import torch
 from kit import progress as kprogress
 from kit import run_state, runs
 from kit import tracking as ktracking
-from kit.accel import make_accelerator, peak_memory_mb, reset_peak_memory
+from kit.accel import explain_mps_errors, make_accelerator, peak_memory_mb, reset_peak_memory
 from kit.config import RunConfig
 from kit.data import Examples, collate, sorted_batches
 from kit.metrics import flatten_metrics
@@ -93,6 +93,7 @@ class Job:
 
 # ---------------------------------------------------------------- the loop
 
+@explain_mps_errors()       # an operator MPS lacks: one line naming it and the way round
 def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dict:
     """Train and evaluate one config with the job `build(cfg)` makes (`build` is a Job class);
     returns the metrics."""
@@ -128,13 +129,17 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
     job.resumed(progress.epoch)
     if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
         model = torch.compile(model, dynamic=True)
+    # lr follows the position in the data, not a count of updates: an fp16 step the loss scaler
+    # skips (inf / NaN gradients) loses its update but does not shift the schedule, which stays
+    # what resume restores (accelerate's own skip flag is wrong with fused AdamW: docs/gpu.md)
     lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
     walls, best_in_memory = progress.walls, None
     started = time.perf_counter() - progress.elapsed
     for epoch in range(progress.epoch + 1, cfg.epochs):
         # (1) the epoch's batches: SSA probes with the model as it stands after epoch - 1
         t0 = time.perf_counter()
-        work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {epoch} label generation"),
+        shown = shown_epoch(epoch, cfg)          # progress lines count epochs from 1
+        work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {shown} label generation"),
                          unwrapped)
         walls["label_generation"] += time.perf_counter() - t0
         if work.label_stats is not None:
@@ -146,7 +151,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         t0 = time.perf_counter()
         model.train()
         running, running_tasks, epoch_losses = [], [], [[] for _ in job.tasks]
-        steps = kprogress.bar(work.plan, desc=f"epoch {epoch}/{cfg.epochs - 1} train",
+        steps = kprogress.bar(work.plan, desc=f"epoch {shown} train",
                               disable=not accelerator.is_local_main_process)
         for i, (t, rows) in enumerate(steps):
             batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id),
@@ -167,7 +172,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
                 window = torch.stack(running).float()       # one host sync per log, not per step
                 if accelerator.num_processes > 1:
                     window = accelerator.reduce(window, "mean")
-                check_finite(window, list(terms), epoch, progress.step)
+                check_finite(window, list(terms), epoch, progress.step,
+                             accelerator.mixed_precision)
                 progress.history.append(history_row(
                     progress.step, round(epoch + (i + 1) / len(work.plan), 4),
                     round(time.perf_counter() - started, 3), list(terms), window,
@@ -190,7 +196,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         progress.epochs.append(record)
         improved = progress.best is None or dev_metrics["score"] > progress.best["dev"]["score"]
         if accelerator.is_local_main_process:
-            kprogress.note(f"epoch {epoch}/{cfg.epochs - 1}: dev {brief(dev_metrics)}, train loss "
+            kprogress.note(f"epoch {shown}: dev {brief(dev_metrics)}, train loss "
                            f"{record['train_loss']:.4f}{' (best)' if improved else ''}")
         accelerator.log(ktracking.epoch_scalars(
             record, work.label_stats, sum(len(rows) for _, rows in work.plan) / epoch_train_s),
@@ -229,6 +235,11 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
 
 
+def shown_epoch(epoch: int, cfg: RunConfig) -> str:
+    """`1/2` for epoch 0 of 2: progress lines count from 1; records keep the 0-based index."""
+    return f"{epoch + 1}/{cfg.epochs}"
+
+
 def history_row(step: int, epoch: float, wall_s: float, names: list[str], window: torch.Tensor,
                 window_tasks: list[int], task_names: list[str], epoch_losses: list[list[float]],
                 lr: float) -> dict:
@@ -258,19 +269,27 @@ def shard(rows: list[int], accelerator) -> list[int]:
 
 
 def to_device(batch: dict, device) -> dict:
-    if device.type == "cuda":              # pinned memory: the copy overlaps the compute
+    """The batch on the run's device. CUDA: from pinned memory, so the copy overlaps the compute;
+    MPS (unified memory, no pinning) and CPU: a plain copy (none on the CPU)."""
+    if device.type == "cuda":
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int) -> None:
-    """Stop at the first non-finite loss of the logging window, naming its step and terms."""
+def check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int,
+                 precision: str = "no") -> None:
+    """Stop at the first non-finite loss of the logging window, naming its step and terms. The
+    losses are fp32 (computed from the forward's fp32 outputs) under every precision, so a
+    non-finite one is a divergence, or under fp16 a forward that left fp16's range; gradients
+    that overflow under fp16 are the loss scaler's business (it skips that step), not this."""
     bad = (~torch.isfinite(window)).any(dim=1).nonzero()
     if len(bad):
         row = int(bad[0])
         at = step - len(window) + row
+        hint = ("; fp16 autocast: activations may have left fp16's range (65504), bf16 or no "
+                "would keep them" if precision == "fp16" else "")
         raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {at}: " + ", ".join(
-            f"{k}={v:.4g}" for k, v in zip(names, window[row].tolist())))
+            f"{k}={v:.4g}" for k, v in zip(names, window[row].tolist())) + hint)
 
 
 @torch.inference_mode()

@@ -88,8 +88,69 @@ def _run_row(run_dir: Path, config: dict, metrics: dict | None) -> dict:
     row["train_loss_target"] = _last_target_loss(run_dir)
     for key, value in _scalars(config).items():
         row.setdefault(key, value)              # what metrics.json says wins over the config
+    row["environment"] = metrics.get("environment")      # kit.provenance; None before it existed
     row["run_dir"] = str(run_dir)
     return row
+
+
+# ---------------------------------------------------------------- what a table must say above it
+
+# what must match for two results to be compared as equals: speed and numerics follow these
+COMPARABLE = ("cpu_class", "gpu", "torch", "transformers", "accelerate")
+MIN_SEEDS = 3           # fewer runs per cell than this: a difference is not evidence
+
+
+def comparable(env: dict) -> dict:
+    """The fields of a run's environment (kit.provenance) that must match across a table."""
+    gpu = env.get("gpu")
+    return {"cpu_class": env["cpu"]["cpu_class"], "gpu": gpu["name"] if gpu else "none",
+            **{k: env.get(k) for k in ("torch", "transformers", "accelerate")}}
+
+
+def mixed_environments(runs: list[tuple[str, dict | None]], shown: int = 3) -> str | None:
+    """None when every run shares one comparable environment; else ONE line naming each field
+    that differs, its values and (up to `shown`) the runs of each value. Runs written before
+    provenance existed (no environment) are named apart when mixed with runs that have one."""
+    known = [(run_id, comparable(env)) for run_id, env in runs if isinstance(env, dict)]
+    parts = []
+    for field in COMPARABLE:
+        groups: dict[str, list[str]] = {}
+        for run_id, key in known:
+            groups.setdefault(str(key[field]), []).append(run_id)
+        if len(groups) > 1:
+            parts.append(f"{field} " + " vs ".join(f"{value} ({_ids(ids, shown)})"
+                                                   for value, ids in groups.items()))
+    unknown = [run_id for run_id, env in runs if not isinstance(env, dict)]
+    if unknown and known:
+        parts.append(f"no environment recorded ({_ids(unknown, shown)})")
+    return "warning: this table mixes environments: " + "; ".join(parts) if parts else None
+
+
+def _ids(ids: list[str], shown: int) -> str:
+    more = len(ids) - shown
+    return ", ".join(ids[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def few_seeds(runs: pd.DataFrame, by: Sequence[str] = ()) -> str | None:
+    """One line when a cell (task x model x method x `by`) of the finished runs has fewer than
+    MIN_SEEDS runs: its mean is one or two draws, and a difference between methods is noise as
+    far as anyone can tell."""
+    ok = finished(runs)
+    if ok.empty:
+        return None
+    n = int(ok.groupby(["task", "model", "method", *by], dropna=False).size().min())
+    if n >= MIN_SEEDS:
+        return None
+    return (f"{n} run{'s' if n > 1 else ''} (seed{'s' if n > 1 else ''}) per cell: differences "
+            f"between methods are not evidence (at least {MIN_SEEDS} seeds per cell are)")
+
+
+def table_notes(runs: pd.DataFrame, by: Sequence[str] = ()) -> list[str]:
+    """The lines every table of these runs shows above itself: mixed environments, thin cells."""
+    ok = finished(runs)
+    envs = ok["environment"] if "environment" in ok.columns else [None] * len(ok)
+    env = mixed_environments(list(zip(ok["run_id"], envs)))
+    return [line for line in (env, few_seeds(runs, by)) if line]
 
 
 def _last_target_loss(run_dir: Path) -> float | None:

@@ -26,6 +26,7 @@ import yaml
 
 from kit import batch
 from kit import runs
+from kit.backbones import ModelError
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig, field_types
 from kit.config_rules import CHOICES
 from kit.profiles import REPO, Profile, YamlLoader
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params, options = parse_args(argv)
         status, detail, cfg = run_point(params, options.get("notebook"))
-    except (ConfigError, DataError, OSError) as err:
+    except (ConfigError, DataError, ModelError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(summary(status, detail, cfg), flush=True)

@@ -2,8 +2,9 @@
 
     checkpoint/best    the best epoch's model as `save(model, tokenizer, folder)` writes it
                        (kit.model_io: plain transformers loads it)
-    checkpoint/last    accelerate's save_state after every epoch: model, optimizer, every rank's
-                       RNG and the registered Progress, which `resume` restores
+    checkpoint/last    accelerate's save_state after every epoch: model, optimizer, fp16's loss
+                       scaler (scaler.pt), every rank's RNG and the registered Progress, which
+                       `resume` restores
 
 Both are written beside and swapped in, so a kill never leaves a half checkpoint.
 """
@@ -65,7 +66,8 @@ def resume(accelerator, run_dir: Path, progress: Progress) -> bool:
     RNGs and `progress` (registered with the accelerator). SSA labels need no saving: they are
     regenerated from the restored model and the (seed, epoch)-seeded generator, exactly as the
     uninterrupted run drew them. A checkpoint written by another number of processes is refused
-    (DDP's parameter names and the per-rank RNG files differ)."""
+    (DDP's parameter names and the per-rank RNG files differ), and so is one written with fp16's
+    loss scaler into a run without one, or the reverse (`auto` resolved on another machine)."""
     last = checkpoint_dir(run_dir) / "last"
     # a kill between the two renames of _swap_in leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
@@ -76,6 +78,13 @@ def resume(accelerator, run_dir: Path, progress: Progress) -> bool:
         raise CheckpointError(f"{folder} was written by {wrote} process(es), this run has "
                               f"{accelerator.num_processes}: resume it with --processes {wrote}, "
                               "or delete that folder to restart the run from scratch")
+    scaled = (folder / "scaler.pt").exists()
+    if scaled != (accelerator.scaler is not None):
+        raise CheckpointError(f"{folder} was written {'with' if scaled else 'without'} fp16's loss "
+                              f"scaler and this run's precision is {accelerator.mixed_precision} "
+                              "(mixed_precision auto resolves per machine): resume it on a machine "
+                              "like the one that wrote it, or delete that folder to restart the "
+                              "run from scratch")
     try:
         accelerator.load_state(str(folder))
     except Exception as err:

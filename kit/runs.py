@@ -178,11 +178,18 @@ def base_record(cfg: RunConfig) -> dict:
             **({"tasks": list(cfg.tasks)} if cfg.tasks else {})}
 
 
-def record_failed(cfg: RunConfig, error: str, tb: str | None = None) -> None:
+def environment(processes: int) -> dict:
+    """The provenance block of a record (kit.provenance: commit, versions, CPU class, GPU ...).
+    Imported here, not above: the results modules read runs without importing torch."""
+    from kit.provenance import environment as measured
+    return measured(processes)
+
+
+def record_failed(cfg: RunConfig, error: str, tb: str | None = None, processes: int = 1) -> None:
     """metrics.json with status failed: the run's own error, or (kit.batch) its kernel's death."""
     kio.write_json(run_dir_of(cfg) / "metrics.json", {
         **base_record(cfg), "status": "failed", "error": error,
-        **({"traceback": tb[-4000:]} if tb else {})})
+        **({"traceback": tb[-4000:]} if tb else {}), "environment": environment(processes)})
 
 
 def run_recorded(cfg: RunConfig, body) -> dict:
@@ -219,19 +226,22 @@ def run_recorded(cfg: RunConfig, body) -> dict:
             result = body(cfg, run_dir)
         except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
             record_failed(cfg, f"{type(err).__name__}: {err}".splitlines()[0],
-                          traceback.format_exc())
+                          traceback.format_exc(), state.num_processes)
             raise
-        metrics = {**base_record(cfg), "status": "ok", "error": None, **result}
+        metrics = {**base_record(cfg), "status": "ok", "error": None, **result,
+                   "environment": environment(state.num_processes)}
         kio.write_json(run_dir / "metrics.json", metrics)
         return metrics
 
 
 def process_state():
-    """accelerate's process state (one process, or a rank of torchrun / accelerate launch).
-    Without a GPU, ranks are CPU processes (gloo): accelerate needs to be told (cpu=True)."""
-    import torch
+    """accelerate's process state (one process, or a rank of torchrun / accelerate launch), on
+    the device the run's Accelerator will use (kit.accel.machine_device): without a GPU, ranks
+    are CPU processes (gloo), and accelerate needs to be told (cpu=True)."""
     from accelerate import PartialState
-    return PartialState(cpu=not torch.cuda.is_available())
+
+    from kit.accel import machine_device
+    return PartialState(cpu=machine_device() == "cpu")
 
 
 def _broadcast(state, verdict):

@@ -11,6 +11,7 @@ from kit.config import RunConfig
 from kit.fold_tables import fold_table, oof_metrics, oof_predictions
 from kit.paper_results import PAPER_TASKS, paper_profile
 from kit.paper_table import paper_table
+from kit.report import table_notes
 from kit.selection import select_runs, selection_table
 from kit.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_runs, runs_table,
                         summary_table)
@@ -40,6 +41,14 @@ def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str,
     else:
         tables["Summary (mean ± std over seeds)"] = summary_table(runs, by)
     tables["Runs"] = runs_table(runs)
+    return with_notes(tables, table_notes(runs, by))
+
+
+def with_notes(tables: dict[str, pd.DataFrame], notes: list[str]) -> dict[str, pd.DataFrame]:
+    """Each table carries the lines it must show above itself (`attrs["notes"]`: mixed
+    environments, too few seeds per cell), which kit.writers and the batch print."""
+    for table in tables.values():
+        table.attrs["notes"] = notes
     return tables
 
 
@@ -80,4 +89,4 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
     selection = selection_table(df, candidate_keys=candidate_keys)
     if len(selection):
         tables["Model selection"] = selection
-    return tables
+    return with_notes(tables, table_notes(selected, by))

@@ -63,9 +63,12 @@ def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
     several = not isinstance(tables, pd.DataFrame)
     captions = {title: t.attrs.get("caption", "") for title, t in named.items()}
     frames = {title: _with_index(t) for title, t in named.items()}
-    md = "\n".join((f"## {title}\n\n" if several else "") + _markdown(f)
-                   + (f"\n{captions[title]}\n" if captions[title] else "")
-                   for title, f in frames.items())
+    # the lines a table must show above itself (kit.table_sets: mixed environments, thin
+    # cells), once at the top of the file: every table of one set shares them
+    notes = list(dict.fromkeys(n for t in named.values() for n in t.attrs.get("notes", ())))
+    md = "".join(f"> {n}\n\n" for n in notes) + "\n".join(
+        (f"## {title}\n\n" if several else "") + _markdown(f)
+        + (f"\n{captions[title]}\n" if captions[title] else "") for title, f in frames.items())
     csvs = {(f"{name}-{_slug(title)}" if several else name): f.to_csv(index=False)
             for title, f in frames.items()}
     tex = "\n".join(f.to_latex(index=False, escape=True, na_rep="", float_format="{:.6g}".format,

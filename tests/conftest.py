@@ -5,6 +5,12 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"          # before transformers / datasets are imported
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("GLUE_DIR", None)            # tests read the project's copy, whatever the shell says
+# pytest-xdist (./run_all.sh test runs a worker per core, at most 4): the cores are shared out
+# between the workers, and the kernels and torchrun processes a test starts inherit the share
+# (OMP_NUM_THREADS), so workers never oversubscribe the machine
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1)
+                                            // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402

@@ -143,3 +143,31 @@ def test_finetune_defaults_give_an_ssa_run_that_labels_tokens(tmp_path):
                for s in stats)
     last = stats[-1]
     assert last["cue_share_label1"] > last["distractor_share_label1"]
+
+
+def test_an_uncached_hub_model_offline_is_one_line_before_any_kernel(tmp_path, monkeypatch,
+                                                                      capsys):
+    import huggingface_hub.constants
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(krun.batch, "prepare_kernels", lambda: pytest.fail("a kernel started"))
+    assert krun.main(["task=synthetic", "model=bert-base-uncased",
+                      f"outputs_dir={tmp_path / 'out'}"]) == 2
+    assert capsys.readouterr().err == (
+        "error: model 'bert-base-uncased': the hub is unreachable (HF_HUB_OFFLINE=1 is set) and "
+        "the model is not in the local cache; use a local Hugging Face folder, a classic "
+        "bert_config.json folder or the embedded `minilm`\n")
+
+
+def test_a_cached_hub_model_passes_the_offline_check(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+    from kit.backbones import check_hub_model
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--org--encoder"            # the hub cache's layout
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    check_hub_model("org/encoder")                      # cached: no error
+    check_hub_model("minilm")                           # not a hub id: never checked
