@@ -17,8 +17,14 @@ import torch
 from kit.accel import cpu_has_native_bf16, cuda_has_native_bf16, machine_device
 
 REPO = Path(__file__).resolve().parents[1]
-# the capabilities that decide what the kit does on a CPU (torch.cpu.get_capabilities() names)
+# the capabilities that decide what the kit does on a CPU (torch.cpu.get_capabilities() names,
+# weakest first; kit.doctor lists those an x86 CPU has and lacks in this order). torch reads them
+# with the cpuinfo library (CPUID, /proc/cpuinfo), so /proc/cpuinfo's own flags are not parsed
+# again here: they would say the same under other names (avx512f for avx512_f).
 CPU_FLAGS = ("avx2", "avx512_f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_fp16", "avx512_fp16")
+# ARM's (Apple silicon, Graviton ...): recorded so two ARM machines can be told apart; the kit
+# decides nothing from them yet (kit.accel leaves ARM's bf16 at fp32: not measured)
+ARM_FLAGS = ("neon", "bf16", "i8mm", "sve", "sve2", "sme")
 LIBRARIES = ("torch", "transformers", "accelerate", "datasets")
 
 
@@ -34,7 +40,8 @@ def cpu_class(flags: tuple[str, ...] | list[str], arch: str) -> str:
 
 @functools.cache
 def cpu_model() -> str:
-    """The CPU's marketing name (Linux /proc/cpuinfo, macOS sysctl), else what platform knows."""
+    """The CPU's marketing name (Linux /proc/cpuinfo, macOS sysctl), else torch's cpuinfo name,
+    else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -43,18 +50,23 @@ def cpu_model() -> str:
         pass
     if sys.platform == "darwin":
         try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], text=True,
-                                  capture_output=True, timeout=5).stdout.strip() or "?"
+            name = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], text=True,
+                                  capture_output=True, timeout=5).stdout.strip()
+            if name:
+                return name
         except (OSError, subprocess.SubprocessError):
             pass
-    return platform.processor() or platform.machine() or "?"
+    # ARM Linux has no "model name" line; torch's cpuinfo knows the core (Neoverse-V1 ...)
+    return (torch.cpu.get_capabilities().get("cpu_name") or platform.processor()
+            or platform.machine() or "?")
 
 
 @functools.cache
 def cpu_info() -> dict:
-    """{model, arch, flags (those of CPU_FLAGS it has), native_bf16, cpu_class}."""
+    """{model, arch, flags (those of CPU_FLAGS / ARM_FLAGS it has, in their order), native_bf16,
+    cpu_class}. Cached: the CPU does not change under a running process."""
     caps = torch.cpu.get_capabilities()
-    flags = [f for f in CPU_FLAGS if caps.get(f, False)]
+    flags = [f for f in CPU_FLAGS + ARM_FLAGS if caps.get(f) is True]   # not sve_max_length's int
     arch = platform.machine()
     return {"model": cpu_model(), "arch": arch, "flags": flags,
             "native_bf16": cpu_has_native_bf16(), "cpu_class": cpu_class(flags, arch)}
@@ -77,7 +89,11 @@ def gpu_info() -> dict | None:
 def kit_commit(repo: Path = REPO) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the kit's git checkout; (None, None) without git or a checkout (a
     pip-installed kit). Dirty counts tracked files only: outputs/ and other untracked files
-    change no result. Not cached: a long-lived kernel may see commits between its runs (~10 ms)."""
+    change no result. Not cached: a long-lived kernel may see commits between its runs (~10 ms).
+    Only the kit's own checkout counts: a kit installed into a venv inside some other repository
+    would otherwise report that repository's commit."""
+    if not (repo / ".git").exists():                  # a folder, or a file in a worktree
+        return None, None
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], text=True,
                               capture_output=True, timeout=10)

@@ -101,9 +101,12 @@ MIN_SEEDS = 3           # fewer runs per cell than this: a difference is not evi
 
 
 def comparable(env: dict) -> dict:
-    """The fields of a run's environment (kit.provenance) that must match across a table."""
+    """The fields of a run's environment (kit.provenance) that must match across a table. Here,
+    not in kit.provenance: results modules read runs without importing torch. A field a partial
+    record lacks reads None rather than stopping the table."""
     gpu = env.get("gpu")
-    return {"cpu_class": env["cpu"]["cpu_class"], "gpu": gpu["name"] if gpu else "none",
+    return {"cpu_class": (env.get("cpu") or {}).get("cpu_class"),
+            "gpu": gpu.get("name") if gpu else "none",
             **{k: env.get(k) for k in ("torch", "transformers", "accelerate")}}
 
 

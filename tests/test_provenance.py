@@ -1,13 +1,20 @@
 """Provenance: every run says which commit, libraries, CPU class and GPU made it, and a table
 says in one line when its runs come from different environments or have too few seeds."""
 import json
+import platform
+import subprocess
 
 import pandas as pd
 import pytest
+import torch
 
-from kit import provenance, report, table_sets, writers
+from kit import batch, provenance, report, runs, table_sets, writers
 from kit.config import RunConfig
 from kit.train import fit, run_dir_of
+
+FIELDS = {"kit_commit", "kit_dirty", "python", "torch", "transformers", "accelerate", "datasets",
+          "cpu", "threads", "gpu", "processes"}
+CPU_FIELDS = {"model", "arch", "flags", "native_bf16", "cpu_class"}
 
 
 @pytest.mark.parametrize("flags, arch, want", [
@@ -20,21 +27,80 @@ def test_cpu_class_names_the_best_matrix_instructions(flags, arch, want):
     assert provenance.cpu_class(flags, arch) == want
 
 
+@pytest.fixture
+def fresh_cpu_info():
+    """cpu_info and cpu_model are cached per process: clear them around a test that fakes the
+    CPU, so neither the fake nor a real answer leaks between tests."""
+    for cached in (provenance.cpu_info, provenance.cpu_model):
+        cached.cache_clear()
+    yield
+    for cached in (provenance.cpu_info, provenance.cpu_model):
+        cached.cache_clear()
+
+
+@pytest.mark.parametrize("caps, arch, flags, cls, bf16", [
+    ({"avx2": True, "avx512_f": True, "avx512_bf16": True, "amx_tile": True, "amx_bf16": True,
+      "sse4_2": True}, "x86_64", ["avx2", "avx512_f", "avx512_bf16", "amx_tile", "amx_bf16"],
+     "amx", True),
+    ({"avx2": True, "avx512_f": False}, "x86_64", ["avx2"], "avx2", False),
+    ({"neon": True, "bf16": True, "sve": True, "sve_max_length": 256}, "aarch64",
+     ["neon", "bf16", "sve"], "aarch64", False)])
+def test_cpu_info_reads_torchs_capabilities(monkeypatch, fresh_cpu_info, caps, arch, flags, cls,
+                                            bf16):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    monkeypatch.setattr(platform, "machine", lambda: arch)
+    info = provenance.cpu_info()
+    assert (info["arch"], info["flags"], info["cpu_class"], info["native_bf16"]) == (
+        arch, flags, cls, bf16)
+
+
+def test_environment_has_every_field():
+    env = provenance.environment(4)
+    assert set(env) == FIELDS and set(env["cpu"]) == CPU_FIELDS
+    assert env["processes"] == 4 and env["threads"] == torch.get_num_threads()
+    assert env["python"] == platform.python_version() and env["cpu"] == provenance.cpu_info()
+
+
 def test_a_finished_run_records_where_it_was_made(tmp_path):
     cfg = RunConfig(task="synthetic", model="tiny", synthetic_size=32, epochs=1,
                     save_checkpoints=False, outputs_dir=str(tmp_path))
     fit(cfg)
     env = json.loads((run_dir_of(cfg) / "metrics.json").read_text())["environment"]
-    assert set(env) == {"kit_commit", "kit_dirty", "python", "torch", "transformers",
-                        "accelerate", "datasets", "cpu", "threads", "gpu", "processes"}
-    assert set(env["cpu"]) == {"model", "arch", "flags", "native_bf16", "cpu_class"}
+    assert set(env) == FIELDS and set(env["cpu"]) == CPU_FIELDS
     assert env["processes"] == 1 and env["gpu"] is None and env["threads"] >= 1
     assert env["torch"] == provenance.versions()["torch"]
     assert env["cpu"]["cpu_class"] == provenance.cpu_info()["cpu_class"]
 
 
+def test_a_failed_run_records_where_it_failed(tmp_path):
+    cfg = RunConfig(task="synthetic", model="tiny", outputs_dir=str(tmp_path))
+    runs.make_run_dir(cfg)
+    runs.record_failed(cfg, "RuntimeError: boom", processes=2)
+    record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert record["status"] == "failed" and set(record["environment"]) == FIELDS
+    assert record["environment"]["processes"] == 2
+
+
 def test_the_commit_is_none_outside_a_checkout(tmp_path):
     assert provenance.kit_commit(tmp_path) == (None, None)
+
+
+@pytest.mark.parametrize("change, dirty", [(None, False), ("untracked", False), ("tracked", True)])
+def test_only_tracked_changes_make_the_checkout_dirty(tmp_path, change, dirty):
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t",
+                               "-c", "user.email=t@t", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    git("init", "-q")
+    (tmp_path / "kit.py").write_text("a = 1\n")
+    git("add", "kit.py")
+    git("commit", "-q", "-m", "one")
+    if change == "untracked":
+        (tmp_path / "outputs").mkdir()
+        (tmp_path / "outputs" / "metrics.json").write_text("{}")
+    elif change == "tracked":
+        (tmp_path / "kit.py").write_text("a = 2\n")
+    assert provenance.kit_commit(tmp_path) == (git("rev-parse", "HEAD"), dirty)
 
 
 def _env(cpu_class="avx2", torch="2.13.0", gpu=None):
@@ -42,8 +108,13 @@ def _env(cpu_class="avx2", torch="2.13.0", gpu=None):
             "transformers": "5.24.0", "accelerate": "1.15.0"}
 
 
-def test_one_environment_gives_no_warning():
-    assert report.mixed_environments([("a", _env()), ("b", _env())]) is None
+@pytest.mark.parametrize("envs", [
+    [_env(), _env()],                   # one environment
+    [None, None],                       # runs from before provenance only: nothing to compare
+    [_env()],
+    [_env(), {**_env(), "python": "3.12.1", "threads": 8, "kit_commit": "abc"}]])  # not compared
+def test_one_environment_gives_no_warning(envs):
+    assert report.mixed_environments(list(zip("abc", envs))) is None
 
 
 def test_mixed_environments_name_the_fields_and_the_runs():
@@ -85,3 +156,19 @@ def test_the_notes_head_the_written_tables_once(tmp_path):
     assert md.startswith("> warning: this table mixes environments: cpu_class amx (bert0) vs "
                          "avx2 (ssa-h0)\n\n> 1 run (seed) per cell: ")
     assert md.count("> ") == 2 and "## One" in md
+
+
+def test_a_one_seed_profile_says_so_above_its_printed_and_written_tables(tmp_path, capsys):
+    """The demo's shape (two methods, seed 0) through kit.batch.collect, with the tiny model."""
+    path = tmp_path / "one-seed.yaml"
+    path.write_text("grid:\n  task: synthetic\n  model: tiny\n  method: [bert, ssa-h]\n"
+                    "  seed: 0\n  synthetic_size: 32\n  epochs: 1\n  save_checkpoints: false\n")
+    profile = batch.load_profile(str(path), str(tmp_path))
+    for point in profile.points:
+        fit(RunConfig.from_dict(point))
+    paths = batch.collect(profile, str(tmp_path), show=True)
+    note = ("1 run (seed) per cell: differences between methods are not evidence (at least 3 "
+            "seeds per cell are)")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].startswith("Paper layout (Table 2) - one-seed") and printed[2] == note
+    assert paths[0].read_text().startswith(f"> {note}\n\n## Paper layout")
