@@ -45,8 +45,10 @@ def device_line(device: str, forced_cpu: bool, gpu: str) -> str:
 
 
 def cpu_lines(cpu: dict, cores: int | None, threads: int) -> dict[str, str]:
-    has = [f for f in provenance.CPU_FLAGS if f in cpu["flags"]]
-    lacks = [f for f in provenance.CPU_FLAGS if f not in cpu["flags"]]
+    # the flags of the CPU's own family: an ARM machine "lacks avx2" says nothing
+    family = provenance.ARM_FLAGS if cpu["arch"] in ("arm64", "aarch64") else provenance.CPU_FLAGS
+    has = [f for f in family if f in cpu["flags"]]
+    lacks = [f for f in family if f not in cpu["flags"]]
     return {"cpu": f"{cpu['model']} ({cpu['arch']}, class {cpu['cpu_class']}), {cores} cores, "
                    f"{threads} torch threads",
             "cpu flags": f"has {', '.join(has) or 'none'}; lacks {', '.join(lacks) or 'none'}",
