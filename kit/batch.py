@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit import io as kio
+from kit import methods
 from kit import progress as kprogress
 from kit import tracking as ktracking
 from kit.config import ConfigError, RunConfig
@@ -35,6 +36,7 @@ from kit.data import glue_source, load_task_data
 from kit.hub import hub_unreachable
 from kit.backbones import ModelError, check_hub_model
 from kit.kernels import Kernels
+from kit.pretrain_data import load_text
 from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.readers import DataError
 from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
@@ -59,15 +61,17 @@ def missing_task_files(cfg: RunConfig) -> str | None:
         reason = _hub_reason()
         return (f"{task.name}: not in the project's data/glue, no glue_dir or GLUE_DIR set, and "
                 f"the hub is unreachable ({reason})") if reason else None
-    for split in ("train", *task.dev_splits, *(task.test_splits if cfg.predict_test else ())):
+    for split in ("train", *task.dev_splits, *(task.test_splits if cfg.reads_test else ())):
         if not (source / task.name / f"{split}.tsv").exists():
             return f"{source / task.name / (split + '.tsv')} not found"
     return None
 
 
 def _data_key(cfg: RunConfig) -> tuple:
-    """The fields that decide which files a point reads (not seeds, methods or knobs)."""
-    return (cfg.task, cfg.glue_dir, cfg.predict_test, cfg.n_folds, cfg.fold,
+    """The fields that decide which files a point reads and how they are checked (not seeds,
+    methods or knobs; pretraining checks that there is text)."""
+    return (cfg.task, cfg.glue_dir, cfg.reads_test, cfg.n_folds, cfg.fold,
+            methods.get(cfg.method).pretrain, cfg.pretrain_eval_text,
             *(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name.startswith("csv_")))
 
 
@@ -92,8 +96,8 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
             key = _data_key(one)
             if key not in checked:
                 checked[key] = missing_task_files(one)
-                if checked[key] is None:
-                    load_task_data(one)          # parses the files: bad rows fail here, named
+                if checked[key] is None:         # parses the files: bad rows fail here, named
+                    (load_text if methods.get(one.method).pretrain else load_task_data)(one)
             if checked[key] is not None:
                 if not profile.skip_missing_tasks:
                     raise DataError(f"{profile.path}: {checked[key]}")
@@ -142,7 +146,7 @@ def _run_notebook(kernels: Kernels, profile: Profile, cfg: RunConfig,
     # configuration) must not leak into the run, or its run id would differ from ours
     parameters = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}
     try:
-        kernels.execute(profile.notebook, output, parameters, stderr_file=sys.stderr)
+        kernels.execute(profile.notebook_for(cfg), output, parameters, stderr_file=sys.stderr)
     except Exception as err:   # the notebook failed or its kernel died
         detail = _failure_reason(err)
         if detail.startswith("RunLocked"):      # fit() refused: another process trains it

@@ -50,7 +50,8 @@ class RunConfig:
     # what to run
     task: str = "synthetic"            # GLUE name (RTE, SST-2 ...), synthetic, synthetic-pair, csv
     model: str = "minilm"              # minilm (embedded), tiny (random, tests), hub id, local folder
-    method: str = "bert"               # bert | bert-mask | ssa-co | ssa-h
+    method: str = "bert"               # bert | bert-mask | ssa-co | ssa-h; mlm: masked-LM
+                                       # pretraining on the task's text (TAPT, kit.pretrain)
     seed: int = 0
     # data
     glue_dir: str = ""                 # local GLUE folder; "" -> $GLUE_DIR, else the hub; "hub" forces hub
@@ -123,6 +124,15 @@ class RunConfig:
     gate_start_epoch: int = 1          # gated: epochs before this train the adapters, gate fixed
     freeze_qkv_epoch: int = 2          # gated: from this epoch the last layer's base Q/K/V are frozen
     guide_reduction: str = "query"     # query (attention received) | key (released code; ~constant)
+    # masked-LM pretraining (method mlm, kit.pretrain: TAPT / ITPT); the adapted model is what a
+    # later fine-tuning point takes as `model`
+    mlm_probability: float = 0.15      # share of real tokens masked: 80% [MASK], 10% random,
+                                       # 10% kept
+    whole_word_mask: bool = False      # mask every piece of a chosen word (all [MASK] there)
+    pretrain_eval_text: bool = False   # also train on the dev and test text (no labels): Kaggle's
+                                       # ITPT; a GLUE dev score after it is no longer held out
+    adapted_dir: str = ""              # also write the best model here (a plain HF folder); a
+                                       # profile writes "{outputs}/adapted/NAME" (kit.profiles)
     # outputs
     outputs_dir: str = "outputs"
     save_checkpoints: bool = True
@@ -178,6 +188,11 @@ class RunConfig:
     @property
     def uses_ssa(self) -> bool:
         return self.method in SSA_METHODS
+
+    @property
+    def reads_test(self) -> bool:
+        """Whether a run reads its test split's text: to predict it, or to pretrain on it."""
+        return self.predict_test or self.pretrain_eval_text
 
 
 def unknown_parameter(key: str, names) -> str:

@@ -30,7 +30,7 @@ RANGES = {
     "log_every": "[1, inf)", "layer_decay": "(0, 1]", "freeze_layers": "[0, inf)",
     "pd_factor": "[0, inf)", "ad_factor": "[0, inf)", "synthetic_spurious": "[0, 1]",
     "synthetic_distractors": "[0, 64]", "steps_per_epoch": "[0, inf)", "adapter_rank": "[0, inf)",
-    "gate_start_epoch": "[0, inf)", "freeze_qkv_epoch": "[0, inf)",
+    "gate_start_epoch": "[0, inf)", "freeze_qkv_epoch": "[0, inf)", "mlm_probability": "(0, 1)",
 }
 # csv_metric choices by task kind; rmse is lower-is-better (kit.metrics.task_score negates it)
 CSV_METRICS = {"regression": ("rmse", "pearson", "spearman"),
@@ -62,7 +62,9 @@ def field_problem(cfg) -> str | None:
 def csv_problem(cfg) -> str | None:
     """Task csv names its file and columns; csv_test_path and csv_metric are for task csv only,
     the metric of the task's kind, and a test file needs its id column."""
-    if cfg.task.lower() == "csv" and not (cfg.csv_path and cfg.csv_text_columns and cfg.csv_target):
+    # masked-LM pretraining reads text only: a CSV without a target is fine there
+    target = cfg.csv_target or methods.get(cfg.method).pretrain
+    if cfg.task.lower() == "csv" and not (cfg.csv_path and cfg.csv_text_columns and target):
         return "task 'csv' needs csv_path, csv_text_columns and csv_target"
     for name in ("csv_test_path", "csv_metric"):
         if getattr(cfg, name) and cfg.task != "csv":
@@ -134,12 +136,38 @@ def stages_problem(cfg) -> str | None:
     return None
 
 
+# RunConfig fields that only masked-LM pretraining reads, with their defaults
+PRETRAIN_FIELDS = {"mlm_probability": 0.15, "whole_word_mask": False,
+                   "pretrain_eval_text": False, "adapted_dir": ""}
+
+
+def pretrain_problem(cfg) -> str | None:
+    """The pretraining knobs belong to method mlm; mlm trains no sentence head, so the knobs of
+    predictions, folds and attention guiding are refused rather than silently ignored."""
+    if not methods.get(cfg.method).pretrain:
+        for name, default in PRETRAIN_FIELDS.items():
+            if getattr(cfg, name) != default:
+                return (f"parameter {name!r}: for masked-LM pretraining (method 'mlm'), "
+                        f"not method {cfg.method!r}")
+        return None
+    if cfg.predict_test:
+        return ("parameter 'predict_test': method 'mlm' predicts nothing; "
+                "pretrain_eval_text trains on the test text")
+    if cfg.n_folds:
+        return ("parameter 'n_folds': method 'mlm' holds out a seeded 20% of a CSV's rows; "
+                "folds are for fine-tuning")
+    if cfg.guide_loss != "task":
+        return (f"parameter 'guide_loss': {cfg.guide_loss!r} guides a fine-tuning run, "
+                "not method 'mlm'")
+    return None
+
+
 def model_problem(cfg) -> str | None:
     return "parameter 'model' is empty" if not cfg.model else None
 
 
 RULES = (field_problem, csv_problem, folds_problem, task_problem, multitask_problem,
-         stages_problem, model_problem)
+         stages_problem, pretrain_problem, model_problem)
 
 
 def first_problem(cfg) -> str | None:

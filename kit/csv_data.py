@@ -38,8 +38,11 @@ def load_csv(csv: CsvSource, n_folds: int, fold: int, seed: int) -> TaskData:
     seed of a grid validates on the same rows and one seed's k runs give out-of-fold
     predictions for every row. A `csv.test_path` file is the test split (its ids from
     `csv.id_column`): submission.csv."""
-    split, labels = csv_reader.read_csv_split(csv.path, csv.text_columns, csv.target,
-                                              csv.regression, csv.fold_column or None)
+    if csv.target:
+        split, labels = csv_reader.read_csv_split(csv.path, csv.text_columns, csv.target,
+                                                  csv.regression, csv.fold_column or None)
+    else:       # text only (masked-LM pretraining; kit.config_rules allows no target there)
+        split, labels = csv_reader.read_csv_text(csv.path, csv.text_columns), None
     try:
         task = csv_task(csv.text_columns, None if csv.regression else labels, csv.metric)
     except ValueError as err:                # csv_metric f1 on more than two classes

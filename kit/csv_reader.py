@@ -71,6 +71,19 @@ def read_csv_test(path: str | Path, text_columns: tuple[str, ...], id_column: st
                  labels=None, ids=ids.tolist(), source=str(path))
 
 
+def read_csv_text(path: str | Path, text_columns: tuple[str, ...]) -> Split:
+    """A CSV's text columns only (no target, labels None): text for masked-LM pretraining.
+    Ids as read_csv_split gives them."""
+    path = Path(path)
+    if len(text_columns) not in (1, 2):
+        raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
+    frame = _csv_frame(path, text_columns)
+    return Split(text_a=frame[text_columns[0]].tolist(),
+                 text_b=frame[text_columns[1]].tolist() if len(text_columns) > 1 else None,
+                 labels=None, ids=row_ids(frame.columns, lambda name: frame[name].tolist(),
+                                          len(frame)), source=str(path))
+
+
 def read_csv_split(path: str | Path, text_columns: tuple[str, ...], target: str,
                    regression: bool, fold_column: str | None = None,
                    labels: tuple[str, ...] | None = None,

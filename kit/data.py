@@ -56,7 +56,7 @@ def load_task_data(cfg: RunConfig) -> TaskData:
             data = _load_synthetic(task, cfg.synthetic_size, cfg.synthetic_spurious,
                                    cfg.synthetic_distractors)
         else:
-            data = _load_glue(task, glue_source(cfg.glue_dir, task.name), cfg.predict_test)
+            data = _load_glue(task, glue_source(cfg.glue_dir, task.name), cfg.reads_test)
     return replace(data, train=_cap(data.train, cfg.max_train_examples))
 
 

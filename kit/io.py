@@ -59,6 +59,27 @@ def atomic_torch_save(obj, path: str | Path) -> None:
         torch.save(obj, tmp)
 
 
+@contextmanager
+def atomic_dir(path: str | Path):
+    """Yield a temporary folder beside `path` to fill; on success it replaces `path` (a
+    reader sees the old folder or the new one, never a half-written one), on error it is
+    removed."""
+    import shutil
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes 0700; results are meant to be shared
+    old = tmp.with_suffix(".old")
+    try:
+        yield tmp
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _jsonable(value):
     """numpy scalars and paths in metrics: write them as plain numbers and strings."""
     if hasattr(value, "item"):

@@ -1,7 +1,8 @@
 """Profiles: a YAML grid of notebook parameters -> the list of validated grid points.
 
     description: ...            free text
-    notebook: finetune          notebooks/<name>.ipynb runs each point
+    notebook: finetune          notebooks/<name>.ipynb runs each point; `auto`: each point the
+                                notebook of its kind (`point_notebook`: pretrain, multitask ...)
     skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
     figures: [label-quality]    figures the batch draws after its tables (label-quality, cost,
                                 gamma: kit.batch._figure)
@@ -10,6 +11,10 @@
 
 Every point is validated by RunConfig before anything runs, so a typo stops the batch in
 seconds with one line naming the file and the parameter.
+
+`{outputs}` in a text value is the batch's outputs folder (absolute; `--outputs`): a pretraining
+point writes `adapted_dir: "{outputs}/adapted/NAME"` and a later point of the same profile
+fine-tunes `model: "{outputs}/adapted/NAME"` (the points run in order; params/tapt-smoke.yaml).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from kit import methods
 from kit.config import ConfigError, RunConfig
 from kit.tasks import canonical_task_name
 
@@ -39,14 +45,29 @@ YamlLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+OUTPUTS = "{outputs}"               # in a point's text values: the batch's outputs folder
+
+
+def point_notebook(cfg: RunConfig) -> Path:
+    """The notebook of a point's kind: pretrain (masked-LM pretraining), multitask (embert /
+    gated), kaggle_csv (a k-fold CSV run), else finetune."""
+    kind = methods.get(cfg.method)
+    name = ("pretrain" if kind.pretrain else "multitask" if kind.multitask
+            else "kaggle_csv" if cfg.task == "csv" and cfg.n_folds else "finetune")
+    return REPO / "notebooks" / f"{name}.ipynb"
+
+
 @dataclass
 class Profile:
     name: str
     path: Path
-    notebook: Path
+    notebook: Path | None              # None (`notebook: auto`): each point's point_notebook
     points: list[dict]                 # notebook parameters per run
     skip_missing_tasks: bool
     figures: tuple[str, ...] = ()
+
+    def notebook_for(self, cfg: RunConfig) -> Path:
+        return self.notebook or point_notebook(cfg)
 
 
 def profile_path(name: str) -> Path:
@@ -123,6 +144,8 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
         for values in itertools.product(*axes.values()):
             point = dict(zip(axes, values))
             point.update(_overrides_for(spec.get("task_overrides") or {}, point.get("task")))
+            point = {k: v.replace(OUTPUTS, str(Path(outputs_dir).resolve()))
+                     if isinstance(v, str) else v for k, v in point.items()}
             point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
             try:
                 run_id = RunConfig.from_dict(point).run_id   # validate every point up front
@@ -131,8 +154,9 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
             if run_id not in seen:           # grids of a list may overlap
                 seen.add(run_id)
                 points.append(point)
-    notebook = REPO / "notebooks" / f"{spec.get('notebook', 'finetune')}.ipynb"
-    if not notebook.exists():
+    name = spec.get("notebook", "finetune")
+    notebook = None if name == "auto" else REPO / "notebooks" / f"{name}.ipynb"
+    if notebook is not None and not notebook.exists():
         raise ConfigError(f"{path}: notebook {notebook.name} not found in notebooks/")
     figures = spec.get("figures") or []
     figures = tuple(figures if isinstance(figures, list) else [figures])

@@ -10,7 +10,8 @@ fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (
 `tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
 line on error, exit 2), then run by kit.batch.execute: a finished run is skipped, a failed one
 is recorded in its metrics.json (exit 1). `--notebook NAME` picks another notebook in
-notebooks/ (default: finetune; multitask for embert/gated; kaggle_csv for a k-fold CSV run).
+notebooks/ (default: finetune; multitask for embert/gated; kaggle_csv for a k-fold CSV run;
+pretrain for method mlm).
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ import yaml
 from kit import batch
 from kit import runs
 from kit.backbones import ModelError
-from kit.config import MULTITASK_METHODS, ConfigError, RunConfig, field_types
+from kit.config import ConfigError, RunConfig, field_types
 from kit.config_rules import CHOICES
-from kit.profiles import REPO, Profile, YamlLoader
+from kit.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
 
@@ -94,8 +95,7 @@ def _yaml(name: str, text: str):
 def notebook_for(cfg: RunConfig, name: str | None) -> Path:
     """The notebook a profile would use for this point (see the module docstring)."""
     if not name:
-        name = ("multitask" if cfg.method in MULTITASK_METHODS
-                else "kaggle_csv" if cfg.task == "csv" and cfg.n_folds else "finetune")
+        return point_notebook(cfg)
     path = REPO / "notebooks" / f"{Path(name).stem}.ipynb"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb")))
@@ -149,7 +149,7 @@ def _field_comments() -> dict[str, str]:
     comments, last = {}, None
     for line in inspect.getsource(RunConfig).splitlines():
         field = re.match(r"\s+(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line)
-        more = re.match(r"\s+#\s*(.*)$", line)
+        more = re.match(r"\s{8,}#\s*(.*)$", line)     # deeper than a section comment
         if field:
             last = field[1]
             comments[last] = (field[2] or "").strip()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from kit import methods
 from kit.config import RunConfig
 from kit.fold_tables import fold_table, oof_metrics, oof_predictions
 from kit.paper_results import PAPER_TASKS, paper_profile
@@ -18,7 +19,30 @@ from kit.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_
 
 
 def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
-    """The tables of one profile's runs, for write_tables. `varying`: the grid axes with more
+    """The tables of one profile's runs, for write_tables: the fine-tuning runs' (below), then
+    masked-LM pretraining runs' own table (their score is a negated loss, not a task metric)."""
+    pretraining = runs["method"].isin(methods.names(pretrain=True))
+    tables = _finetune_tables(runs[~pretraining], varying) if (~pretraining).any() else {}
+    if pretraining.any():
+        tables.update(with_notes({PRETRAINING: pretrain_table(runs[pretraining])},
+                                 table_notes(runs[pretraining])))
+    return tables
+
+
+PRETRAINING = "Pretraining (held-out masked-LM loss of the best epoch)"
+
+
+def pretrain_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per pretraining run: the held-out masked-LM loss and perplexity of its best
+    epoch, and where the adapted model went (adapted_dir; else its checkpoint/best)."""
+    columns = ["run_id", "task", "model", "seed", "status", "mlm_loss", "perplexity",
+               "best_epoch", "mlm_probability", "whole_word_mask", "pretrain_eval_text",
+               "adapted_dir"]
+    return runs[[c for c in columns if c in runs.columns]].reset_index(drop=True)
+
+
+def _finetune_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
+    """The tables of fine-tuning runs. `varying`: the grid axes with more
     than one value. Axes other than task/model/method/seed/fold are grouped on (so e.g.
     guide_loss task vs task+both are two summary rows, not two runs of one seed), unless they
     do not change results (glue_dir, outputs_dir ...) or only vary between tasks. A fold axis
@@ -65,7 +89,10 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
 
     `paper`: "auto" adds the paper's rows (and measured - paper deltas) only for the paper's
     profiles (kit.paper_results.PAPER_PROFILES), a table name ("base" ...) always, "" never.
+    Masked-LM pretraining runs are left out (their score is no task metric: `pretrain_table`).
     Ready for `write_tables`."""
+    if len(df):
+        df = df[~df["method"].isin(methods.names(pretrain=True))]
     ok = df[df["status"] == "ok"] if len(df) else df
     if ok.empty:
         raise ValueError("no finished (status ok) runs to tabulate: run the profile first "

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kit import loop, run_state, runs
+from kit import loop, methods, run_state, runs
 from kit import metrics as kmetrics
 from kit.backbones import load_backbone
 from kit.config import MULTITASK_METHODS, ConfigError, RunConfig
@@ -26,6 +26,7 @@ from kit.guiding import guiding_loss
 from kit.model_io import load_trained
 from kit.models import HeadSpec, SequenceModel, ssa_loss, target_loss
 from kit.multitask import MultiTask
+from kit.pretrain import Pretrain
 from kit.run_state import CheckpointError  # noqa: F401 (public)
 from kit.runs import RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
 from kit.ssa import SSASettings, build_epoch
@@ -34,8 +35,10 @@ from kit.token_cache import token_cache_dir
 
 
 def fit(cfg: RunConfig) -> dict:
-    """Train and evaluate one config; returns metrics.json's content (see kit.runs.run_recorded)."""
-    job = MultiTask if cfg.method in MULTITASK_METHODS else SingleTask
+    """Train and evaluate one config; returns metrics.json's content (see kit.runs.run_recorded).
+    The job follows the method: multi-task, masked-LM pretraining (kit.pretrain) or single-task."""
+    job = (MultiTask if cfg.method in MULTITASK_METHODS
+           else Pretrain if methods.get(cfg.method).pretrain else SingleTask)
     return runs.run_recorded(cfg, lambda c, run_dir: loop.run(c, run_dir, job))
 
 

@@ -9,10 +9,13 @@ from kit import runs
 
 
 def epoch_table(metrics: dict) -> pd.DataFrame:
-    """Dev metrics per epoch (plus SSA label statistics where there are any)."""
-    rows = [{"epoch": e["epoch"], **e["dev"], "three_subset_mean": e["three_subset"]["mean"],
-             "three_subset_std": e["three_subset"]["std"], "train_loss": e["train_loss"],
-             "wall_s": e["wall_s"]} for e in metrics.get("epochs", [])]
+    """Dev metrics per epoch (plus SSA label statistics where there are any; three-subset
+    statistics where the run has them: masked-LM pretraining has none)."""
+    rows = [{"epoch": e["epoch"], **e["dev"],
+             **{f"three_subset_{k}": e["three_subset"][k] for k in ("mean", "std")
+                if k in e["three_subset"]},
+             "train_loss": e["train_loss"], "wall_s": e["wall_s"]}
+            for e in metrics.get("epochs", [])]
     table = pd.DataFrame(rows)
     stats = pd.DataFrame(metrics.get("ssa_labels") or [])
     if len(stats) and "flip_rate" in stats:

@@ -3,11 +3,11 @@ kit.methods.base.Method), listed once below. Everything else asks the registry (
 the flags) instead of testing method names. docs/architecture.md: adding a method."""
 from __future__ import annotations
 
-from kit.methods import bert, bert_mask, embert, gated, ssa_co, ssa_h
+from kit.methods import bert, bert_mask, embert, gated, mlm, ssa_co, ssa_h
 from kit.methods.base import Method
 
 REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD
-                               for m in (bert, bert_mask, ssa_co, ssa_h, embert, gated)}
+                               for m in (bert, bert_mask, ssa_co, ssa_h, embert, gated, mlm)}
 
 
 def get(name: str) -> Method:

@@ -16,4 +16,6 @@ class Method:
     hybrid: bool = False             # SSA-H: the sentence vector mixes importance-weighted tokens
     multitask: bool = False          # several tasks, one head each (kit.multitask)
     gated: bool = False              # multi-task: Gated-BERT's adapters on the last layer
+    pretrain: bool = False           # masked-LM pretraining on the task's text, no labels and
+                                     # no sentence head (kit.pretrain: TAPT / ITPT)
     paper_name: str = ""             # its row name in the paper's tables, if it has one

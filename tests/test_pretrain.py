@@ -1,0 +1,300 @@
+"""Task-adaptive masked-LM pretraining (method mlm, kit.pretrain): its config rules and text,
+transformers' masking seeded per batch, a run end to end whose folder AutoModelForMaskedLM
+loads and a fine-tuning run takes as `model`, kill -9 resume, 2 processes (gloo), and a profile
+whose fine-tuning point loads the folder its pretraining point wrote."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from kit import batch
+from kit import run as krun
+from kit.backbones import ModelError, load_tokenizer
+from kit.config import ConfigError, RunConfig
+from kit.pretrain_data import Masker, load_text, mask_all
+from kit.readers import DataError
+from kit.runs import checkpoint_dir, run_dir_of
+from kit.train import fit
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SSA_KIT_PROGRESS": "off"}
+TINY = dict(task="CoLA", method="mlm", model="tiny", max_train_examples=200, max_length=32,
+            epochs=1, lr=5e-3, batch_size=16, report_to=("none",))
+
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py: runs compared across
+#                                                         processes need one thread count
+
+
+# ---------------------------------------------------------------- config and text
+
+@pytest.mark.parametrize("params, needle", [
+    (dict(whole_word_mask=True), "parameter 'whole_word_mask': for masked-LM pretraining"),
+    (dict(adapted_dir="x"), "parameter 'adapted_dir': for masked-LM pretraining"),
+    (dict(method="mlm", predict_test=True), "parameter 'predict_test': method 'mlm' predicts"),
+    (dict(method="mlm", mlm_probability=0.0), "'mlm_probability': 0.0 is outside (0, 1)"),
+    (dict(method="mlm", max_length=4), "'max_length': 4 is outside [8, 4096]"),
+    (dict(method="mlm", guide_loss="task+pd"), "parameter 'guide_loss'"),
+    (dict(method="mlm", task="csv", csv_path="a.csv", csv_text_columns=("t",), n_folds=5),
+     "parameter 'n_folds': method 'mlm'"),
+    (dict(task="csv", csv_path="a.csv", csv_text_columns=("t",)), "needs csv_path, csv_text"),
+])
+def test_bad_pretraining_parameters_are_one_line(params, needle):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict(params)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_text_is_train_then_dev_and_test_with_pretrain_eval_text():
+    plain = load_text(RunConfig(**TINY))
+    itpt = load_text(RunConfig(**{**TINY, "pretrain_eval_text": True}))
+    assert plain.rows() == {"train_rows": 200, "heldout_rows": 1043}
+    assert [len(s) for s in itpt.train] == [200, 1043, 1063]           # train, dev, test.tsv
+    assert itpt.rows()["heldout_rows"] == 1043
+
+
+def test_a_csv_without_target_is_pretraining_text(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("id,text\n" + "".join(f"{i},sentence number {i} here\n" for i in range(20))
+                    + "20,\n")
+    text = load_text(RunConfig(method="mlm", task="csv", csv_path=str(path),
+                               csv_text_columns=("text",)))
+    assert text.rows() == {"train_rows": 16, "heldout_rows": 4}       # seeded 80/20, blank dropped
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("id,text\n1,\n2,  \n3,\n", "no text to pretrain on in column(s) 'text'"),
+    ("id,other\n1,a\n", "no column 'text'"),
+])
+def test_bad_text_stops_the_batch_before_any_kernel(tmp_path, body, needle):
+    path = tmp_path / "t.csv"
+    path.write_text(body)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(f"grid:\n  task: csv\n  method: mlm\n  model: tiny\n  csv_path: {path}\n"
+                       "  csv_text_columns: text\n")
+    loaded = batch.load_profile(str(profile), str(tmp_path / "out"))
+    with pytest.raises(DataError) as err:
+        batch.preflight(loaded, loaded.points)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- masking
+
+def _batch(tokenizer, texts):
+    enc = tokenizer(texts, return_special_tokens_mask=True, return_offsets_mapping=True,
+                    padding=True, return_tensors="pt")
+    return enc["input_ids"], enc["special_tokens_mask"].bool(), enc["offset_mapping"]
+
+
+def test_masking_is_transformers_recipe_and_follows_its_seed():
+    tokenizer = load_tokenizer("tiny")
+    ids, special, _ = _batch(tokenizer, ["the quick brown fox jumps over the lazy dog"] * 400)
+    masker = Masker(tokenizer, 0.15, whole_word=False)
+    masked, labels = masker(ids, special, None, seed=7)
+    again, _ = masker(ids, special, None, seed=7)
+    other, _ = masker(ids, special, None, seed=8)
+    assert torch.equal(masked, again) and not torch.equal(masked, other)
+    chosen = labels != -100
+    assert not chosen[special].any()                         # [CLS], [SEP], padding: never
+    assert abs(chosen.sum() / (~special).sum() - 0.15) < 0.02
+    assert torch.equal(labels[chosen], ids[chosen])
+    share = (masked[chosen] == tokenizer.mask_token_id).float().mean()
+    kept = (masked[chosen] == ids[chosen]).float().mean()
+    assert abs(share - 0.8) < 0.04 and abs(kept - 0.1) < 0.04    # 80 / 10 / 10
+    state = torch.get_rng_state()
+    masker(ids, special, None, seed=9)
+    assert torch.equal(state, torch.get_rng_state())       # the run's own RNG is untouched
+
+
+def test_whole_word_masking_masks_every_piece_of_a_word():
+    tokenizer = load_tokenizer("tiny")
+    ids, special, offsets = _batch(tokenizer, ["unbelievably tokenization happens"] * 200)
+    pieces = tokenizer.convert_ids_to_tokens(ids[0])
+    assert pieces[1:8] == ["un", "##bel", "##ie", "##va", "##bly", "token", "##ization"]
+    masker = Masker(tokenizer, 0.3, whole_word=True)
+    _, labels = masker(ids, special, offsets, seed=1)
+    chosen = labels != -100
+    for word in ([1, 2, 3, 4, 5], [6, 7], [8]):         # a word is masked whole or not at all
+        assert chosen[:, word].any()
+        assert (chosen[:, word].all(1) == chosen[:, word].any(1)).all()
+    assert abs(chosen[:, 8].float().mean() - 0.3) < 0.1
+
+
+def test_heldout_masks_are_drawn_once_per_seed():
+    tokenizer = load_tokenizer("tiny")
+    rows = [np.asarray(tokenizer(f"sentence {i} " * (1 + i % 5))["input_ids"]) for i in range(50)]
+    special = [np.isin(r, tokenizer.all_special_ids) for r in rows]
+    masker = Masker(tokenizer, 0.15, whole_word=False)
+    a, b, c = (mask_all(masker, rows, special, None, 0, seed=s, chunk=16) for s in (0, 0, 1))
+    assert all(np.array_equal(x, y) for x, y in zip(a[1], b[1]))            # every epoch alike
+    assert not all(np.array_equal(x, y) for x, y in zip(a[1], c[1]))
+    assert [len(x) for x in a[0]] == [len(r) for r in rows]
+
+
+# ---------------------------------------------------------------- runs
+
+def test_pretrain_then_fine_tune_the_adapted_folder(tmp_path):
+    """metrics.json: masked-LM loss and perplexity per epoch, the new head reported; the folder
+    loads in plain transformers (head and the original pooler) and as a fine-tuning `model`;
+    pretraining that folder again finds its head."""
+    from transformers import AutoModel, AutoModelForMaskedLM
+    adapted = tmp_path / "adapted" / "tiny-CoLA"
+    cfg = RunConfig(**{**TINY, "epochs": 2}, adapted_dir=str(adapted), outputs_dir=str(tmp_path))
+    metrics = fit(cfg)
+    assert metrics["status"] == "ok" and len(metrics["epochs"]) == 2
+    for epoch in metrics["epochs"]:
+        dev = epoch["dev"]
+        assert set(dev) == {"mlm_loss", "perplexity", "score"} and epoch["train_loss"] > 0
+        assert dev["perplexity"] == pytest.approx(np.exp(dev["mlm_loss"]))
+    assert metrics["mlm_head_initialised"] is True
+    assert "cls.predictions.transform.dense.weight" in metrics["mlm_head_new_weights"]
+    assert metrics["adapted_dir"] == str(adapted.resolve())
+    lm, info = AutoModelForMaskedLM.from_pretrained(adapted, output_loading_info=True)
+    assert not info["missing_keys"]
+    encoder, info = AutoModel.from_pretrained(adapted, output_loading_info=True)
+    assert not info["missing_keys"]                          # the pooler came along
+    best = checkpoint_dir(run_dir_of(cfg)) / "best"
+    assert (best / "model.safetensors").read_bytes() == (adapted / "model.safetensors").read_bytes()
+
+    tuned = fit(RunConfig(task="CoLA", model=str(adapted), max_train_examples=64, epochs=1,
+                          lr=5e-3, report_to=("none",), outputs_dir=str(tmp_path)))
+    assert tuned["status"] == "ok" and "mcc" in tuned["best_dev"]
+    again = fit(RunConfig(**{**TINY, "model": str(adapted)}, outputs_dir=str(tmp_path)))
+    assert again["mlm_head_initialised"] is False and again["mlm_head_new_weights"] == []
+
+
+def test_a_missing_adapted_folder_is_one_line(tmp_path):
+    missing = tmp_path / "adapted" / "never-written"
+    with pytest.raises(ModelError) as err:
+        fit(RunConfig(task="CoLA", model=str(missing), outputs_dir=str(tmp_path)))
+    assert f"model folder {str(missing)!r} does not exist" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_whole_word_masking_run_without_checkpoints(tmp_path):
+    """The best weights kept in memory reach adapted_dir too."""
+    adapted = tmp_path / "adapted"
+    cfg = RunConfig(**{**TINY, "max_train_examples": 64}, whole_word_mask=True,
+                    save_checkpoints=False, adapted_dir=str(adapted), outputs_dir=str(tmp_path))
+    metrics = fit(cfg)
+    assert metrics["status"] == "ok" and np.isfinite(metrics["best_dev"]["mlm_loss"])
+    assert (adapted / "model.safetensors").exists() and (adapted / "tokenizer.json").exists()
+    assert not checkpoint_dir(run_dir_of(cfg)).exists()
+    assert not list(tmp_path.glob(".adapted.*"))          # the temp folder was swapped in
+
+
+def _comparable(metrics: dict) -> dict:
+    strip = [{k: v for k, v in e.items() if k != "wall_s"} for e in metrics["epochs"]]
+    return {"epochs": strip, "best_dev": metrics["best_dev"],
+            "train_examples": metrics["train_examples"]}
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(tmp_path):
+    """Masks are drawn from (seed, epoch, rows): the resumed run trains on the same masked
+    batches and ends on the same losses and weights, bit for bit."""
+    base = {**TINY, "max_train_examples": 600, "epochs": 3}
+    killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
+    run = run_dir_of(killed)
+    script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
+              f"from kit.config import RunConfig; from kit.train import fit; "
+              f"fit(RunConfig(**{killed.to_dict()!r}))")
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = run / "checkpoint" / "last"
+    while not state.exists():
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.time() - started < 120
+        time.sleep(0.05)
+    time.sleep(0.3)                                  # inside epoch 1
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "metrics.json").exists()
+    resumed = fit(killed)
+    assert resumed["resumed_after_epoch"] in (0, 1)
+    straight = fit(RunConfig(**base, outputs_dir=str(tmp_path / "straight")))
+    assert _comparable(resumed) == _comparable(straight)
+    a, b = (checkpoint_dir(run_dir_of(c)) / "best" / "model.safetensors"
+            for c in (killed, RunConfig(**base, outputs_dir=str(tmp_path / "straight"))))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_pretraining_on_two_processes_through_the_batch_runner(tmp_path):
+    """gloo, 2 ranks: the global counts of one process; the held-out loss is summed over both
+    ranks' slices (lr ~0: the same weights, so the same loss as one process)."""
+    still = {**TINY, "lr": 1e-12, "max_train_examples": 64}
+    one = fit(RunConfig(**still, outputs_dir=str(tmp_path / "one")))
+    profile = tmp_path / "ddp.yaml"
+    profile.write_text("grid:\n" + "".join(
+        f"  {k}: {json.dumps(list(v) if isinstance(v, tuple) else v)}\n" for k, v in still.items()))
+    out = tmp_path / "two"
+    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
+                           "--processes", "2"], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two = json.loads((run_dir_of(RunConfig(**still, outputs_dir=str(out.resolve()), profile="ddp"))
+                      / "metrics.json").read_text())
+    assert two["status"] == "ok" and two["processes"] == 2 and one["processes"] == 1
+    assert two["train_examples"] == one["train_examples"]
+    assert two["heldout_masked_tokens"] == one["heldout_masked_tokens"]
+    assert two["best_dev"]["mlm_loss"] == pytest.approx(one["best_dev"]["mlm_loss"], rel=1e-5)
+    assert "Pretraining (held-out masked-LM loss" in (out / "tables" / "ddp.md").read_text()
+
+
+# ---------------------------------------------------------------- notebook and profile
+
+def test_pretrain_notebook_is_thin_and_lists_every_field():
+    nb = nbformat.read(REPO / "notebooks" / "pretrain.ipynb", as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and nb.cells[0].cell_type == "markdown"
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert not any(line.lstrip().startswith(("def ", "class ")) for c in code
+                   for line in c.source.splitlines())
+    names = [line.split("=")[0].strip() for line in tagged[0].source.splitlines()
+             if "=" in line and not line.startswith("#")]
+    assert sorted(names) == sorted(RunConfig.__dataclass_fields__)
+    finetune = nbformat.read(REPO / "notebooks" / "finetune.ipynb", as_version=4)
+    assert nb.metadata == finetune.metadata
+
+
+def test_the_smoke_profile_chains_its_points_through_one_folder(tmp_path):
+    profile = batch.load_profile("tapt-smoke", str(tmp_path))
+    pre, tune = (RunConfig.from_dict(p) for p in profile.points)
+    assert pre.method == "mlm" and tune.method == "bert"
+    assert pre.adapted_dir == tune.model == str(tmp_path.resolve() / "adapted" / "minilm-tapt-CoLA")
+    assert [profile.notebook_for(c).name for c in (pre, tune)] == ["pretrain.ipynb",
+                                                                   "finetune.ipynb"]
+    assert krun.notebook_for(pre, None).name == "pretrain.ipynb"       # kit.run's default
+
+
+TAPT_TINY = """
+notebook: auto
+grid:
+  - &pretrain
+    {task: CoLA, method: mlm, model: tiny, max_train_examples: 64, max_length: 32, epochs: 1,
+     lr: 5.0e-3, report_to: none, adapted_dir: "{outputs}/adapted/tiny-tapt-CoLA"}
+  - {<<: *pretrain, method: bert, model: "{outputs}/adapted/tiny-tapt-CoLA", adapted_dir: ""}
+"""
+
+
+def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys):
+    """tapt-smoke's shape on the tiny model: the points run in order, each through its own
+    notebook (`notebook: auto`), the second on the folder the first wrote."""
+    profile = tmp_path / "tapt.yaml"
+    profile.write_text(TAPT_TINY)
+    out = tmp_path / "out"
+    assert batch.run_profile(str(profile), outputs_dir=str(out)) == 0
+    assert "2 ok, 0 skipped, 0 failed" in capsys.readouterr().out
+    pre, tune = (RunConfig.from_dict(p) for p in batch.load_profile(str(profile), str(out)).points)
+    assert json.loads((run_dir_of(tune) / "metrics.json").read_text())["model"] == pre.adapted_dir
+    executed = json.loads((run_dir_of(pre) / "notebook.ipynb").read_text())
+    assert executed["cells"][0]["source"][0].startswith("# Task-adaptive pretraining")
