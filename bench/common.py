@@ -71,7 +71,7 @@ def build_random_model(name: str) -> str:
     """outputs/bench/models/<name>: a BERT of that size with random weights and the embedded
     model's tokenizer (the bert-base-uncased vocabulary), saved once as a Hugging Face folder."""
     from transformers import BertConfig, BertModel
-    from kit.backbones import load_tokenizer
+    from kit.models.backbones import load_tokenizer
     folder = REPO / "outputs" / "bench" / "models" / name
     if not (folder / "config.json").exists():
         tokenizer = load_tokenizer("minilm")
@@ -192,7 +192,7 @@ def dump_json(path: str | None, payload: dict) -> None:
 def kit_config(args: argparse.Namespace, outputs_dir: str, **overrides):
     """The kit's RunConfig for these settings. A fresh outputs_dir per run: fit() returns an
     earlier finished run of the same config instead of training again."""
-    from kit.config import RunConfig
+    from kit.config.run_config import RunConfig
     return RunConfig(task=args.task, model=args.model, seed=args.seed,
                      max_train_examples=args.max_train, max_length=args.max_length,
                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
@@ -264,6 +264,6 @@ def training_flops(model_dir: str, lengths, epochs: int) -> float:
 
 
 def check_environment() -> None:
-    """Offline; GLUE from $GLUE_DIR when set, else the project's own copy (kit.data.glue_source)."""
+    """Offline; GLUE from $GLUE_DIR when set, else the project's own copy (kit.data.pipeline.glue_source)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # no fork warnings, no extra threads

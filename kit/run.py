@@ -26,10 +26,10 @@ import yaml
 
 from kit import batch
 from kit import runs
-from kit.config import MULTITASK_METHODS, ConfigError, RunConfig, field_types
-from kit.config_rules import CHOICES
-from kit.profiles import REPO, Profile, YamlLoader
-from kit.readers import DataError
+from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig, field_types
+from kit.config.rules import CHOICES
+from kit.config.profiles import REPO, Profile, YamlLoader
+from kit.data.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"

@@ -5,11 +5,11 @@
     history.csv        one row per logging step
     predictions/       dev predictions of the best epoch (<split>.tsv, multi-task <TASK>/<split>.tsv),
                        test predictions in the GLUE server's format, submission.csv (CSV tasks)
-    checkpoint/        best (kit.model_io's layout: plain transformers loads it) and last
+    checkpoint/        best (kit.models.model_io's layout: plain transformers loads it) and last
                        (accelerate's save_state: model, optimizer, RNGs, loop progress; for
-                       resuming); written and restored by kit.run_state
+                       resuming); written and restored by kit.train.run_state
     ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.pt
-                       (save_labels: true; written by kit.ssa, read by read_saved_labels)
+                       (save_labels: true; written by kit.methods.ssa, read by read_saved_labels)
     notebook.ipynb     written by kit.batch
 
 Every reader and writer of a run folder is here (torch is not imported at module level: tables
@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from kit import io as kio
-from kit.config import RunConfig
+from kit.config.run_config import RunConfig
 
 
 class RunLocked(RuntimeError):
@@ -127,31 +127,31 @@ def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.Da
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    """checkpoint/: best (kit.model_io's layout) and last (accelerate's state, kit.run_state)."""
+    """checkpoint/: best (kit.models.model_io's layout) and last (accelerate's state, kit.train.run_state)."""
     return Path(run_dir) / "checkpoint"
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    """checkpoint/best when the run kept one (kit.models.save_model's layout, whose head spec,
+    """checkpoint/best when the run kept one (kit.methods.bert.save_model's layout, whose head spec,
     head_spec.json, every saved model has), else None."""
     folder = checkpoint_dir(run_dir) / "best"
     return folder if (folder / "head_spec.json").exists() else None
 
 
 def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
-    """Where kit.ssa saves (and reuse_labels_from reads) one SSA epoch's set and statistics."""
+    """Where kit.methods.ssa saves (and reuse_labels_from reads) one SSA epoch's set and statistics."""
     return saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
 
 
 def saved_labels_dir(run_dir: str | Path) -> Path:
     """ssa_labels/: one epoch<N>.pt per SSA-labelled epoch of a run with save_labels: true
-    (written by kit.ssa.build_epoch)."""
+    (written by kit.methods.ssa.build_epoch)."""
     return Path(run_dir) / "ssa_labels"
 
 
 def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
     """The run's saved SSA epochs in epoch order, each {"epoch_set": the epoch's training set
-    (kit.data.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats": its
+    (kit.data.pipeline.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats": its
     LabelStats as a dict}; nothing when it saved none."""
     import torch
     files = sorted(saved_labels_dir(run_dir).glob("epoch*.pt"),

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from kit import accel
-from kit.accel import make_accelerator, resolve_precision
-from kit.backbones import load_backbone
-from kit.config import RunConfig
-from kit.data import collate, encode, load_task_data
-from kit.loop import predict_logits as _predict_logits
-from kit.models import HeadSpec, SequenceModel
-from kit.train import fit
-from kit.train import loss_terms as _loss_terms
+from kit.train import accel
+from kit.train.accel import make_accelerator, resolve_precision
+from kit.models.backbones import load_backbone
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import collate, encode, load_task_data
+from kit.train.loop import predict_logits as _predict_logits
+from kit.methods.bert import HeadSpec, SequenceModel
+from kit.train.finetune import fit
+from kit.train.finetune import loss_terms as _loss_terms
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU branch of auto")
 

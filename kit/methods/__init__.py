@@ -16,7 +16,7 @@ class Method:
     epoch: str = "plain"             # the epoch's examples: plain | masked-copies | ssa-labels
     token_head: bool = False         # an SSA token-importance head (trained on SSA labels)
     hybrid: bool = False             # SSA-H: the sentence vector mixes importance-weighted tokens
-    multitask: bool = False          # several tasks, one head each (kit.multitask)
+    multitask: bool = False          # several tasks, one head each (kit.train.multitask)
     gated: bool = False              # multi-task: Gated-BERT's adapters on the last layer
     paper_name: str = ""             # its row name in the paper's tables, if it has one
 
