@@ -1,11 +1,16 @@
 """A user's CSV file as a task: its columns, train and dev (a seeded split or k folds), and an
-optional test file whose predictions become submission.csv."""
+optional test file whose predictions become submission.csv (`write_csv_submission`)."""
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
+from kit import io as kio
 from kit.data import csv_reader, readers
 from kit.config.run_config import RunConfig
 from kit.data.folds import assign_folds
@@ -63,3 +68,12 @@ def load_csv(csv: CsvSource, n_folds: int, fold: int, seed: int) -> TaskData:
                                 f"{len(split)} rows; dev and train must both be non-empty")
     train = np.flatnonzero(folds != fold)
     return TaskData(task, split.subset(train), {"dev": split.subset(dev)}, test)
+
+
+def write_csv_submission(path: str | os.PathLike, ids: Sequence[str], predictions: Sequence,
+                         id_column: str, target: str) -> Path:
+    """`id_column,target` with one row per test id, in the given order, written atomically."""
+    path = Path(path)
+    frame = pd.DataFrame({id_column: list(ids), target: list(predictions)})
+    kio.write_text(path, frame.to_csv(index=False))
+    return path

@@ -16,9 +16,10 @@ Reads only outputs/ (no torch).
 
 Kaggle-style CSV tasks: a run with `csv_test_path` writes `submission.csv` (`<csv_id_column>,
 <csv_target>`, the test file's ids in file order, class names or floats) from its best
-checkpoint (`write_csv_submission`); `average_fold_submissions` turns the finished fold runs of
-a k-fold set into one submission (the CommonLit recipe: the mean of the folds' predictions;
-for classification the most common class, ties to the first class in sorted order).
+checkpoint (kit.data.csv_data.write_csv_submission); `average_fold_submissions` turns the
+finished fold runs of a k-fold set into one submission (the CommonLit recipe: the mean of the
+folds' predictions; for classification the most common class, ties to the first class in
+sorted order).
 """
 from __future__ import annotations
 
@@ -193,15 +194,6 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
 
 
 # --------------------------------------------------------------------------- Kaggle CSV tasks
-
-def write_csv_submission(path: str | os.PathLike, ids: Sequence[str], predictions: Sequence,
-                         id_column: str, target: str) -> Path:
-    """`id_column,target` with one row per test id, in the given order, written atomically."""
-    path = Path(path)
-    frame = pd.DataFrame({id_column: list(ids), target: list(predictions)})
-    kio.write_text(path, frame.to_csv(index=False))
-    return path
-
 
 def _fold_submission(run_dir: Path) -> tuple[dict, pd.DataFrame] | None:
     """(config, submission) of a finished run with a submission.csv, else None."""

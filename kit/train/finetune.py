@@ -22,6 +22,7 @@ from kit import runs
 from kit.train import metrics as kmetrics
 from kit.models.backbones import load_backbone
 from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
+from kit.data.csv_data import write_csv_submission
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
 from kit.methods.guiding import guiding_loss
 from kit.models.model_io import load_trained
@@ -30,7 +31,6 @@ from kit.train.multitask import MultiTask
 from kit.train.run_state import CheckpointError  # noqa: F401 (public)
 from kit.runs import RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
 from kit.methods.ssa import SSASettings, build_epoch
-from kit.results.submission import write_csv_submission
 from kit.data.token_cache import token_cache_dir
 
 
