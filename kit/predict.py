@@ -2,7 +2,7 @@
 
     python -m kit.predict RUN_DIR INPUT.csv --out preds.csv [--text-columns a,b] [--batch-size N]
 
-The run's `checkpoint/best` is loaded with kit.models.model_io.load_trained (every single-task
+The run's `checkpoint/best` is loaded with kit.methods.bert.load_trained (every single-task
 method, ssa-h included, every encoder family); texts are tokenized and batched the way the run
 evaluated its dev set (kit.data.pipeline: encode, longest batches first, each padded to its own longest
 row), and the rows come back in input order: the class name and one probability column per
@@ -23,8 +23,8 @@ from kit import io as kio
 from kit import runs
 from kit.models.backbones import ModelError
 from kit.data.pipeline import collate, encode, sorted_batches
-from kit.models.model_io import SPEC, load_trained
-from kit.methods.bert import SequenceModel
+from kit.models.model_io import SPEC
+from kit.methods.bert import SequenceModel, load_trained
 from kit.data.readers import DataError
 from kit.config.tasks import Split, get_task
 

@@ -85,7 +85,7 @@ def examples(*rows):
 
 
 def save_epoch(run_dir, epoch, epoch_set, flipped=1, variants=4):
-    """What kit.methods.ssa.build_epoch saves with save_labels: true."""
+    """What kit.methods.epochs.build_epoch saves with save_labels: true."""
     stats = LabelStats(epoch=epoch, rule="paper", flipped=flipped, variants=variants)
     stats.finish(epoch_set, time.perf_counter())
     path = runs.saved_labels_dir(run_dir) / f"epoch{epoch}.pt"

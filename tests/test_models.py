@@ -1,5 +1,6 @@
-"""Tests of kit.methods.bert (masked softmax, SSA-H token weights, heads, losses), kit.models.model_io
-(save/load) and kit.models.backbones (loading encoders, one-line errors)."""
+"""Tests of the single-task model and its parts: kit.methods.bert (SequenceModel, heads, target
+loss), kit.methods.ssa_heads (masked softmax, SSA-H token weights, the token head, SSA loss),
+kit.models.model_io (save/load) and kit.models.backbones (loading encoders, one-line errors)."""
 import copy
 import re
 import time
@@ -12,9 +13,9 @@ import torch.nn.functional as F
 from kit.models import backbones
 from kit.methods import bert as models
 from kit.models.backbones import ModelError, load_backbone
-from kit.models.model_io import load_trained, save_model
-from kit.methods.bert import (HeadSpec, SequenceModel, TokenImportanceHead, hybrid_weights,
-                              masked_softmax, ssa_loss, target_loss)
+from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
+from kit.models.model_io import save_model
+from kit.methods.ssa_heads import TokenImportanceHead, hybrid_weights, masked_softmax, ssa_loss
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py

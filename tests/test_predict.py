@@ -14,8 +14,8 @@ from kit.models import zoo
 from kit.models.backbones import ModelError, load_backbone
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import glue_source
-from kit.models.model_io import load_trained, save_model
-from kit.methods.bert import HeadSpec, SequenceModel
+from kit.methods.bert import HeadSpec, SequenceModel, load_trained
+from kit.models.model_io import save_model
 from kit.methods.embert import MultiTaskModel, MultiTaskSpec, load_multitask
 from kit.predict import as_frame, as_split, main, predict, predict_logits, run_text_columns
 from kit.data.readers import DataError, read_glue_split

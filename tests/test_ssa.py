@@ -7,7 +7,8 @@ from kit.config.run_config import RunConfig
 from kit.data.pipeline import IGNORE, Examples
 from kit.methods.bert_mask import (Masking, draw_masks, masked_copies, ratio_masks, real_tokens,
                                    span_masks, variant_counts)
-from kit.methods.ssa import SSASettings, build_epoch, code_share
+from kit.methods.ssa import SSASettings, code_share
+from kit.methods.epochs import build_epoch
 
 MASK, CLS, SEP, CUE = 103, 101, 102, 7
 

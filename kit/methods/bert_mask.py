@@ -1,7 +1,10 @@
-"""Masked variants of sentences, for SSA probing and the BERT-mask baseline: how many variants a
-sentence gets (gamma), which of its real word-pieces each variant masks (the paper's ratio or the
-released code's spans, across both segments of a pair) and the masked copies themselves. All
-randomness comes from the caller's generator; masks are vectorised over padded [rows, tokens].
+"""BERT-mask, the paper's augmentation baseline: each epoch from `ssa_start_epoch` on adds gamma
+randomly masked copies of every training sentence (`masked_copies_epoch`), capped by the
+equal-steps budget (`budgeted`). Its masking is SSA's too (kit.methods.ssa probes with masked
+variants): how many variants a sentence gets (gamma), which of its real word-pieces each variant
+masks (the paper's ratio or the released code's spans, across both segments of a pair) and the
+masked copies themselves. All randomness comes from the caller's generator; masks are vectorised
+over padded [rows, tokens].
 """
 from __future__ import annotations
 
@@ -87,3 +90,29 @@ def masked_copies(examples: Examples, masks: np.ndarray, mask_id: int) -> Exampl
     ids = np.where(masks[:, : ids.shape[1]], mask_id, ids)
     return Examples(unpad(ids, examples.lengths), examples.token_type_ids, examples.special,
                     examples.labels, examples.ssa_labels, examples.importance)
+
+
+def masked_copies_epoch(train: Examples, settings, epoch: int, rng: np.random.Generator,
+                        predict, regression: bool, mask_id: int, run_dir=None
+                        ) -> tuple[Examples, dict | None]:
+    """BERT-mask's epoch (registry `epoch="masked-copies"`, kit.methods.epochs): the training set
+    plus gamma masked copies of each sentence (`settings`: the run's kit.methods.ssa.SSASettings,
+    its gamma, masking, budget and ssa_start_epoch); the plain set before `ssa_start_epoch`."""
+    if epoch < settings.ssa_start_epoch:
+        return train, None
+    source = np.repeat(np.arange(len(train)), variant_counts(len(train), settings.gamma, rng))
+    originals = train.subset(source)
+    masks = draw_masks(real_tokens(originals), settings.masking, rng)
+    copies = masked_copies(originals, masks, mask_id)
+    return (budgeted(Examples.concat([train, copies]), len(train), settings.budget, rng),
+            {"epoch": epoch, "augmented": len(copies)})
+
+
+def budgeted(epoch_set: Examples, n: int, budget: str, rng: np.random.Generator) -> Examples:
+    """`budget="equal_steps"`: a seeded subsample of n rows (the plain training set's size) of an
+    epoch that grew (BERT-mask's copies, SSA's `variant` merge), so every method takes the
+    optimizer steps BERT-r takes and a gain cannot come from more updates. Capping rather than
+    training BERT-r longer keeps BERT-r's (and union-merge SSA's) runs as they are."""
+    if budget != "equal_steps" or len(epoch_set) <= n:
+        return epoch_set
+    return epoch_set.subset(np.sort(rng.choice(len(epoch_set), n, replace=False)))

@@ -1,4 +1,4 @@
-"""Self-Supervised Attention: masked variants, token labels, and the BERT-mask baseline.
+"""Self-Supervised Attention's token labels: the epoch's examples of SSA-Co and SSA-H.
 
 Each epoch from `ssa_start_epoch` on, the model as it stands after the previous epoch probes the
 training set (eval mode, no gradients, batched by length):
@@ -20,8 +20,10 @@ code rule (koukoulala/ssa_BERT)
     plain examples get all-ones labels; the share of SSA copies per epoch grows
     0, 0.2, 0.4 ... up to 0.8 and they replace plain examples (the epoch keeps N examples).
 
-All randomness comes from a generator seeded by (seed, epoch), so labels are reproducible.
-Masking (kit.methods.bert_mask) and labelling are vectorised over padded [variants, tokens] arrays.
+All randomness comes from a generator seeded by (seed, epoch) (kit.methods.epochs), so labels
+are reproducible. Masking (BERT-mask's, kit.methods.bert_mask) and labelling are vectorised over
+padded [variants, tokens] arrays. The head these labels train and SSA-H's hybrid sentence vector
+are kit.methods.ssa_heads.
 """
 from __future__ import annotations
 
@@ -33,11 +35,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kit import methods
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import IGNORE, Examples, pad_rows, unpad
 from kit.io import atomic_torch_save
-from kit.methods.bert_mask import Masking, draw_masks, masked_copies, real_tokens, variant_counts
+from kit.methods.bert_mask import (Masking, budgeted, draw_masks, masked_copies, real_tokens,
+                                   variant_counts)
 from kit.runs import saved_labels_path
 
 PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
@@ -198,22 +200,12 @@ def code_labels(train: Examples, predict: PredictFn, ssa: SSASettings, regressio
     return Examples.concat([*copies_kept, all_ones(train.subset(plain))])
 
 
-def build_epoch(train: Examples, ssa: SSASettings, epoch: int, predict: PredictFn,
-                regression: bool, mask_id: int, run_dir: Path | None = None
-                ) -> tuple[Examples, dict | None]:
-    """The training examples of one epoch for the run's method (its registry entry's `epoch`:
-    plain, masked-copies or ssa-labels), and its label statistics."""
-    rng = np.random.default_rng([ssa.seed, epoch, 0x55A])
-    kind = methods.get(ssa.method).epoch
-    if kind == "plain" or (kind == "masked-copies" and epoch < ssa.ssa_start_epoch):
-        return train, None
-    if kind == "masked-copies":
-        source = np.repeat(np.arange(len(train)), variant_counts(len(train), ssa.gamma, rng))
-        originals = train.subset(source)
-        masks = draw_masks(real_tokens(originals), ssa.masking, rng)
-        copies = masked_copies(originals, masks, mask_id)
-        return (_budgeted(Examples.concat([train, copies]), len(train), ssa.budget, rng),
-                {"epoch": epoch, "augmented": len(copies)})
+def ssa_labels_epoch(train: Examples, ssa: SSASettings, epoch: int, rng: np.random.Generator,
+                     predict: PredictFn, regression: bool, mask_id: int,
+                     run_dir: Path | None = None) -> tuple[Examples, dict | None]:
+    """SSA's epoch (registry `epoch="ssa-labels"`, kit.methods.epochs): from `ssa_start_epoch`
+    on, the training set with the labels of the label rule (or those saved by the run named in
+    `reuse_labels_from`), capped by the budget; and the epoch's label statistics."""
     if epoch < ssa.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
         return (all_ones(train) if ssa.label_rule == "code" else train), None
     started = time.perf_counter()
@@ -226,19 +218,9 @@ def build_epoch(train: Examples, ssa: SSASettings, epoch: int, predict: PredictF
         epoch_set = paper_labels(train, predict, ssa, regression, rng, mask_id, stats)
     else:
         epoch_set = code_labels(train, predict, ssa, regression, rng, mask_id, epoch, stats)
-    epoch_set = _budgeted(epoch_set, len(train), ssa.budget, rng)
+    epoch_set = budgeted(epoch_set, len(train), ssa.budget, rng)
     stats.finish(epoch_set, started)
     if ssa.save_labels and run_dir is not None:
         atomic_torch_save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()},
                           saved_labels_path(str(run_dir), epoch))
     return epoch_set, stats.to_dict()
-
-
-def _budgeted(epoch_set: Examples, n: int, budget: str, rng: np.random.Generator) -> Examples:
-    """`budget="equal_steps"`: a seeded subsample of n rows (the plain training set's size) of an
-    epoch that grew (BERT-mask's copies, SSA's `variant` merge), so every method takes the
-    optimizer steps BERT-r takes and a gain cannot come from more updates. Capping rather than
-    training BERT-r longer keeps BERT-r's (and union-merge SSA's) runs as they are."""
-    if budget != "equal_steps" or len(epoch_set) <= n:
-        return epoch_set
-    return epoch_set.subset(np.sort(rng.choice(len(epoch_set), n, replace=False)))

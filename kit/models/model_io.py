@@ -23,7 +23,6 @@ import torch
 
 from kit import methods
 from kit.models.backbones import ModelError, attn_implementation
-from kit.methods.bert import HeadSpec, SequenceModel
 
 
 # model_type -> the transformers class whose head equals the kit's pooler + dropout + linear at
@@ -44,14 +43,20 @@ def kit_only_type(method: str) -> str:
     """The model_type written into a kit-only folder's config.json: transformers quotes it in
     its error, so it says what the folder is and how to load it."""
     return (f"ssa-kit {method} model: its head is not a transformers head; load it with "
-            "kit.predict or kit.models.model_io.load_trained")
+            "kit.predict or kit.methods.bert.load_trained")
+
+
+def single_task(model) -> bool:
+    """Whether `model` is a single-task model (kit.methods.bert.SequenceModel: one sentence
+    head, a HeadSpec), not a multi-task one (kit.methods.embert): its method's registry row."""
+    return not methods.get(model.spec.method).multitask
 
 
 def has_standard_head(model) -> bool:
     """Whether plain transformers can hold this model's sentence head: a single-task model
     whose head is pooled [CLS] -> dropout -> linear (every method but ssa-h), on a family in
     STANDARD_HEADS with a pooler."""
-    return (isinstance(model, SequenceModel) and not methods.get(model.spec.method).hybrid
+    return (single_task(model) and not methods.get(model.spec.method).hybrid
             and model.backbone.config.model_type in STANDARD_HEADS
             and getattr(model.backbone, "pooler", None) is not None)
 
@@ -89,8 +94,7 @@ def _config_dict(model) -> dict:
     architecture of a single-task model; a kit-only folder's model_type replaced (see
     `kit_only_type`) and kept under KIT_MODEL_TYPE."""
     config = copy.deepcopy(model.backbone.config)
-    for key, value in (_label_config(model.spec).items() if isinstance(model, SequenceModel)
-                       else ()):
+    for key, value in (_label_config(model.spec).items() if single_task(model) else ()):
         setattr(config, key, value)
     config.architectures = [STANDARD_HEADS[config.model_type] if has_standard_head(model)
                             else f"SsaKit{type(model).__name__}"]
@@ -168,8 +172,3 @@ def load_folder(folder: str | Path, spec_type, model_type, eager_attention: bool
         model = model_type(read_backbone(folder, eager_attention), spec)
     load_weights(model, folder)
     return model.eval(), AutoTokenizer.from_pretrained(folder, config=model.backbone.config)
-
-
-def load_trained(folder: str | Path, eager_attention: bool = False) -> tuple[SequenceModel, object]:
-    """(model in eval mode, tokenizer) from a checkpoint folder of a single-task run."""
-    return load_folder(folder, HeadSpec, SequenceModel, eager_attention)

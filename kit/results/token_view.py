@@ -52,7 +52,7 @@ def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[
     (NaN otherwise); the sentence's `prediction` (label name; the value for regression) and
     `confidence` (its probability). A sentence is a string, or a pair [a, b] for pair tasks."""
     import torch
-    from kit.models.model_io import load_trained
+    from kit.methods.bert import load_trained
     run_dir = Path(run_dir)
     config = runs.read_config(run_dir) or {}
     task = get_task(config["task"]) if config.get("task", "csv") != "csv" else None

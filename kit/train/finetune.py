@@ -4,7 +4,7 @@
     python -m kit.train.finetune CONFIG.json            # one run; under torchrun / accelerate launch too
 
 The loop (kit.train.loop) is shared with multi-task runs; what a single-task run brings is here: its
-data and model, the epoch's examples of its method (kit.methods.ssa.build_epoch: SSA probing, BERT-mask
+data and model, the epoch's examples of its method (kit.methods.epochs.build_epoch: SSA probing, BERT-mask
 copies), its loss terms, its evaluation and prediction files. Outputs: kit.runs.
 """
 from __future__ import annotations
@@ -25,12 +25,13 @@ from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data.csv_data import write_csv_submission
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
 from kit.methods.guiding import guiding_loss
-from kit.models.model_io import load_trained
-from kit.methods.bert import HeadSpec, SequenceModel, ssa_loss, target_loss
+from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
+from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask
 from kit.train.run_state import CheckpointError  # noqa: F401 (public)
 from kit.runs import RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
-from kit.methods.ssa import SSASettings, build_epoch
+from kit.methods.ssa import SSASettings
+from kit.methods.epochs import build_epoch
 from kit.data.token_cache import token_cache_dir
 
 
@@ -41,7 +42,7 @@ def fit(cfg: RunConfig) -> dict:
 
 
 class SingleTask(loop.Job):
-    """One task, any single-task method: the epoch's examples come from kit.methods.ssa.build_epoch."""
+    """One task, any single-task method: the epoch's examples come from kit.methods.epochs.build_epoch."""
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
