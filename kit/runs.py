@@ -132,8 +132,8 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    """checkpoint/best when the run kept one (kit.methods.bert.save_model's layout, whose head spec,
-    head_spec.json, every saved model has), else None."""
+    """checkpoint/best when the run kept one (kit.models.model_io.save_model's layout, whose head
+    spec, head_spec.json, every saved model has), else None."""
     folder = checkpoint_dir(run_dir) / "best"
     return folder if (folder / "head_spec.json").exists() else None
 
@@ -145,7 +145,7 @@ def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
 
 def saved_labels_dir(run_dir: str | Path) -> Path:
     """ssa_labels/: one epoch<N>.pt per SSA-labelled epoch of a run with save_labels: true
-    (written by kit.methods.ssa.build_epoch)."""
+    (written by kit.methods.ssa.ssa_labels_epoch)."""
     return Path(run_dir) / "ssa_labels"
 
 

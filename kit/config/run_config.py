@@ -20,7 +20,7 @@ from kit.config.tasks import canonical_task_name
 RESULTS_VERSION = 4  # bump when a default or the training code changes what a config computes
 # 4: one loop without DataLoaders (kit.train.loop): torch's RNG is no longer drawn per loader, so
 #    dropout streams, and results, differ from version 3 like another seed
-METHODS = methods.names()                       # the registry: one file per method, kit/methods/
+METHODS = methods.names()                       # the registry: kit/methods/__init__.py
 SSA_METHODS = methods.names(epoch="ssa-labels")
 MULTITASK_METHODS = methods.names(multitask=True)   # kit.train.multitask; task="multitask"
 

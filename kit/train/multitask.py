@@ -15,8 +15,9 @@ GLUE average; the released code picks on the sum, which selects the same epoch).
 
 Output (the kit.runs contract, outputs/runs/<run_id>/): config.json, metrics.json (status
 ok/failed), history.csv (loss and per-task loss per logging window), predictions/<TASK>/<split>.tsv,
-checkpoint/{best,last} (kit.methods.bert.save_model layout; reload with load_multitask; `last` also holds
-the loop state, so a killed run resumes after its last finished epoch). metrics.json:
+checkpoint/{best,last} (kit.models.model_io.save_model's layout; reload with load_multitask;
+`last` also holds the loop state, so a killed run resumes after its last finished epoch).
+metrics.json:
   epochs[i]["dev"]   = {task: metrics, ..., "score": mean task score}
   best_dev           = {"score": ..., "<TASK>/<metric>": ...}  (flat, so report tables read it)
   per_task           = {task: best-epoch dev metrics}, comparable with a single-task run's best_dev
