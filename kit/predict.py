@@ -2,11 +2,11 @@
 
     python -m kit.predict RUN_DIR INPUT.csv --out preds.csv [--text-columns a,b] [--batch-size N]
 
-The run's `checkpoint/best` is loaded with kit.methods.bert.load_trained (every single-task
-method, ssa-h included, every encoder family); texts are tokenized and batched the way the run
-evaluated its dev set (kit.data.pipeline: encode, longest batches first, each padded to its own longest
-row), and the rows come back in input order: the class name and one probability column per
-class, or the score for a regression task.
+The run's `checkpoint/best` is loaded with kit.methods.bert.load_trained (every single-task method,
+ssa-h included, every encoder family); texts are tokenized and batched the way the run evaluated its
+dev set (kit.data.pipeline: encode, longest batches first, each padded to its own longest row), and
+the rows come back in input order: the class name and one probability column per class, or the score
+for a regression task.
 """
 from __future__ import annotations
 

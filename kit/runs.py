@@ -127,7 +127,8 @@ def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.Da
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    """checkpoint/: best (kit.models.model_io's layout) and last (accelerate's state, kit.train.run_state)."""
+    """checkpoint/: best (kit.models.model_io's layout) and last (accelerate's state,
+    kit.train.run_state)."""
     return Path(run_dir) / "checkpoint"
 
 
@@ -139,7 +140,8 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
-    """Where kit.methods.ssa saves (and reuse_labels_from reads) one SSA epoch's set and statistics."""
+    """Where kit.methods.ssa saves (and reuse_labels_from reads) one SSA epoch's set and
+    statistics."""
     return saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
 
 
@@ -151,8 +153,8 @@ def saved_labels_dir(run_dir: str | Path) -> Path:
 
 def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
     """The run's saved SSA epochs in epoch order, each {"epoch_set": the epoch's training set
-    (kit.data.pipeline.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats": its
-    LabelStats as a dict}; nothing when it saved none."""
+    (kit.data.pipeline.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats":
+    its LabelStats as a dict}; nothing when it saved none."""
     import torch
     files = sorted(saved_labels_dir(run_dir).glob("epoch*.pt"),
                    key=lambda path: int(path.stem.removeprefix("epoch")))

@@ -16,7 +16,7 @@ def kit_imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("kit.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "kit" or node.module.startswith("kit."):   # `from kit.train import loop`
+            if node.module == "kit" or node.module.startswith("kit."):   # from kit.train import loop
                 found |= {f"{node.module}.{a.name}" for a in node.names}
             if node.module.startswith("kit."):
                 found.add(node.module)
@@ -53,14 +53,15 @@ def test_the_import_graph_of_kit_is_acyclic():
 
 def test_the_graph_reader_sees_function_level_imports(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("import os\nfrom kit import runs\n\ndef f():\n    from kit.train.loop import run\n"
-                    "    import kit.data.pipeline\n")
+    path.write_text("import os\nfrom kit import runs\n\ndef f():\n"
+                    "    from kit.train.loop import run\n    import kit.data.pipeline\n")
     assert kit_imports(path) & set(graph()) == {"kit.runs", "kit.train.loop", "kit.data.pipeline"}
 
 
 def test_one_training_loop_and_one_owner_of_run_folders():
-    """Only kit.train.loop steps an optimizer; only kit.runs writes or parses a run's metrics.json,
-    config.json and history.csv (kit.models.model_io's config.json is a checkpoint's, not a run's)."""
+    """Only kit.train.loop steps an optimizer; only kit.runs writes or parses a run's
+    metrics.json, config.json and history.csv (kit.models.model_io's config.json is a
+    checkpoint's, not a run's)."""
     touches_run_file = re.compile(
         r'"(metrics|config)\.json"\)?\.(read_text|write_text)|write_json\([^)]*"(metrics|config)\.json"'
         r'|read_csv\([^)]*history|"history\.csv"\)\.(read|write)|/ "history\.csv", ')
@@ -82,7 +83,8 @@ def test_method_names_are_tested_only_in_the_registry():
     """Everything asks kit.methods (flags, labels, colours) instead of testing a method's name
     (the paper's table rows in paper_results name the paper's methods, which is their data)."""
     pattern = re.compile(r'method\s*(==|!=|in|not in)\s*\(?"(bert|bert-mask|ssa-co|ssa-h|embert|gated)"')
-    hits = [f"{p.name}: {m.group(0)}" for p in KIT.rglob("*.py") for m in pattern.finditer(p.read_text())]
+    hits = [f"{p.name}: {m.group(0)}" for p in KIT.rglob("*.py")
+            for m in pattern.finditer(p.read_text())]
     assert not hits
 
 
@@ -99,7 +101,7 @@ def test_results_modules_read_run_folders_through_kit_runs():
     assert not hits
 
 
-# ------------------------------------------------------------------ the layers (docs/architecture.md)
+# ---------------------------------------------------------- the layers (docs/architecture.md)
 # Each layer imports only the layers below it (and its own package). The method registry's table
 # (kit/methods/__init__.py) is data with no kit import: it sits at the bottom and every layer may
 # read it; the methods' code files beside it are layer 5.

@@ -1,6 +1,6 @@
 """What a valid RunConfig is, declared once: the choices and the ranges of its fields, checked by
-one loop (`field_problem`), then the few rules that relate fields to each other. Every check
-returns the one-line problem, naming the parameter, or None; kit.config.run_config raises the first one as
+one loop (`field_problem`), then the few rules that relate fields to each other. Every check returns
+the one-line problem, naming the parameter, or None; kit.config.run_config raises the first one as
 ConfigError, in the order of RULES. kit.run --help lists CHOICES."""
 from __future__ import annotations
 

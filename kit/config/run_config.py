@@ -70,7 +70,8 @@ class RunConfig:
     csv_metric: str = ""               # selection metric; "" = rmse (regression), mean of
                                        # accuracy and f1_macro (classification); choices:
                                        # config_rules.CSV_METRICS
-    # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see kit.data.folds)
+    # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see
+    # kit.data.folds)
     n_folds: int = 0                   # 0 = no folds: a seeded 80/20 split; else k >= 2 folds
     fold: int = 0                      # with n_folds: the fold that is dev (train = every other row)
     csv_fold_column: str = ""          # a fold column of the CSV; "" = assigned (fixed seed 0,
@@ -132,7 +133,8 @@ class RunConfig:
     log_every: int = 10
     profile: str = ""
     report_to: tuple[str, ...] = ("auto",)   # trackers: auto (TensorBoard if installed) | none |
-                                             # tensorboard, wandb, mlflow, trackio (kit.train.tracking)
+                                             # tensorboard, wandb, mlflow, trackio
+                                             # (kit.train.tracking)
 
     # fields that do not change what is computed; they stay out of the run id
     _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "save_labels", "profile",

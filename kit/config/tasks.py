@@ -94,7 +94,8 @@ SYNTHETIC_TASKS: dict[str, Task] = {t.name: t for t in [
          test_splits=(), kind="synthetic"),
 ]}
 
-# Tasks that are not in the registry but are valid `task` values (kit.config.run_config handles them).
+# Tasks that are not in the registry but are valid `task` values (kit.config.run_config handles
+# them).
 SPECIAL_TASKS = ("csv", "multitask")
 
 

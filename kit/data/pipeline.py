@@ -1,9 +1,9 @@
 """From a config to tokenized examples and batches.
 
-Texts are tokenized once per run into unpadded id arrays (`Examples`); every batch is padded only
-to its own longest row. Training batches are length-grouped (shuffled mega-batches sorted by
-length), so almost every token in a batch is a real one; evaluation batches are fully sorted.
-A user's CSV task is read by kit.data.csv_data; tokenized splits are kept on disk by kit.data.token_cache.
+Texts are tokenized once per run into unpadded id arrays (`Examples`); every batch is padded only to
+its own longest row. Training batches are length-grouped (shuffled mega-batches sorted by length),
+so almost every token in a batch is a real one; evaluation batches are fully sorted. A user's CSV
+task is read by kit.data.csv_data; tokenized splits are kept on disk by kit.data.token_cache.
 """
 from __future__ import annotations
 

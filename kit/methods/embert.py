@@ -147,9 +147,9 @@ class GatedLayer(nn.Module):
 
 
 class MultiTaskModel(nn.Module):
-    """A BERT-style encoder with EmBERT task embeddings (and, for `gated`, the gated last layer)
-    and one head per task on the pooled [CLS]. Call with `task=` or after `set_task(t)`; the
-    signature otherwise matches SequenceModel, so kit.train.finetune's prediction helpers work on it."""
+    """A BERT-style encoder with EmBERT task embeddings (and, for `gated`, the gated last layer) and
+    one head per task on the pooled [CLS]. Call with `task=` or after `set_task(t)`; the signature
+    otherwise matches SequenceModel, so kit.train.finetune's prediction helpers work on it."""
 
     def __init__(self, backbone, spec: MultiTaskSpec):
         super().__init__()

@@ -1,6 +1,6 @@
 """Encoders and their tokenizers by model name: the embedded MiniLM, the tiny test BERT, classic
-BERT checkpoint folders (kit.models.checkpoints), local Hugging Face folders of any encoder family and
-hub ids. A model that does not load is one ModelError line naming it, the cause and what to use.
+BERT checkpoint folders (kit.models.checkpoints), local Hugging Face folders of any encoder family
+and hub ids. A model that does not load is one ModelError line naming it, the cause and what to use.
 """
 from __future__ import annotations
 

@@ -231,7 +231,8 @@ def build_zoo(root: Path, families: list[str] | None = None) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.models.zoo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kit.models.zoo",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("root", help="folder that receives one sub-folder per family")
     parser.add_argument("--family", action="append", choices=list(FAMILIES),
                         help="build only this family (repeatable); default: all")

@@ -2,9 +2,9 @@
 training cost (Fig. 6), SSA label quality on the synthetic task, the mechanism benchmark and
 the case study (Fig. 8); `save_figure` writes outputs/figures/<name>.png atomically.
 
-Each figure is a data function (kit.results.figure_data; the case study's kit.results.token_view, the only one
-that loads models), a plot function here (from that frame only) and a `<kind>_figure` that
-does both in one call from a profile's runs (`kit.results.report.collect_runs`).
+Each figure is a data function (kit.results.figure_data; the case study's kit.results.token_view,
+the only one that loads models), a plot function here (from that frame only) and a `<kind>_figure`
+that does both in one call from a profile's runs (`kit.results.report.collect_runs`).
 """
 from __future__ import annotations
 

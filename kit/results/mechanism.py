@@ -1,8 +1,8 @@
-"""The SSA mechanism benchmark (params/mechanism.yaml, notebooks/mechanism.ipynb): its dev
-accuracy table (last and held-out epoch, each method against BERT-r with Holm-corrected Welch
-and permutation p), its SSA labels against the synthetic task's true importance mask (from the
-saved epoch sets of `save_labels: true`, read through kit.runs), and the frames
-kit.results.figures.plot_mechanism draws. Works on `kit.results.report.collect_runs` frames of one model x task.
+"""The SSA mechanism benchmark (params/mechanism.yaml, notebooks/mechanism.ipynb): its dev accuracy
+table (last and held-out epoch, each method against BERT-r with Holm-corrected Welch and permutation
+p), its SSA labels against the synthetic task's true importance mask (from the saved epoch sets of
+`save_labels: true`, read through kit.runs), and the frames kit.results.figures.plot_mechanism
+draws. Works on `kit.results.report.collect_runs` frames of one model x task.
 """
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ class PaperRow:
     name: str                      # row label as printed
     method: str | None             # the kit method it reproduces; None for leaderboard rows
     avg: float                     # the printed Avg
-    values: dict[str, float]       # metric name (as in kit.train.metrics, "MNLI/accuracy_mm") -> x100
+    values: dict[str, float]       # kit.train.metrics' name ("MNLI/accuracy_mm") -> x100
     marks: dict[str, str]          # task -> "*" / "**" as printed (significance vs BERT)
     text: str                      # the printed cells, " | "-separated, to check against the paper
 

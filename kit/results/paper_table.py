@@ -1,7 +1,8 @@
-"""The paper's Table 2 layout from collected runs: per method a row of "mean ± std (n=..)" cells
-in GLUE column order, significance marks against BERT-r (Holm-corrected, `kit.results.tables.comparisons`),
-degenerate cells flagged and left out of Avg, and optionally the paper's published row and the
-measured-minus-published row under each method (`kit.results.paper_results`).
+"""The paper's Table 2 layout from collected runs: per method a row of "mean ± std (n=..)" cells in
+GLUE column order, significance marks against BERT-r (Holm-corrected,
+`kit.results.tables.comparisons`), degenerate cells flagged and left out of Avg, and optionally the
+paper's published row and the measured-minus-published row under each method
+(`kit.results.paper_results`).
 
 Works on `kit.results.report.load_runs` frames only; never reads run folders itself.
 """

@@ -3,7 +3,8 @@ the paper's marks, and `is_constant` for degenerate cells.
 
 Only the tables need these; they live apart from kit.train.metrics so that a training kernel, which
 imports kit.train.metrics for the GLUE numbers, does not import scipy.stats (with sklearn.metrics it
-was 0.9-1.0 s of a 2.7-2.9 s `import kit.train.finetune`, `python -X importtime` on the loaded machine).
+was 0.9-1.0 s of a 2.7-2.9 s `import kit.train.finetune`, `python -X importtime` on the loaded
+machine).
 """
 from __future__ import annotations
 

@@ -208,11 +208,11 @@ def _fold_submission(run_dir: Path) -> tuple[dict, pd.DataFrame] | None:
 def average_fold_submissions(run_dirs: Sequence[str | os.PathLike],
                              out_path: str | os.PathLike | None = None) -> pd.DataFrame:
     """One submission from the finished fold runs among `run_dirs` (e.g.
-    `kit.results.fold_tables.fold_run_dirs(config)`; unfinished folds are left out, `attrs["folds"]` lists
-    the folds used). Regression: the mean prediction per id; classification: the most common
-    class (ties: the first in sorted order). Every fold must hold the same ids in the same
-    order. Written to `out_path`, by default `<outputs>/submissions/<first run id>-folds.csv`
-    (the first of `run_dirs`: fold 0 of a fold_run_dirs list)."""
+    `kit.results.fold_tables.fold_run_dirs(config)`; unfinished folds are left out, `attrs["folds"]`
+    lists the folds used). Regression: the mean prediction per id; classification: the most common
+    class (ties: the first in sorted order). Every fold must hold the same ids in the same order.
+    Written to `out_path`, by default `<outputs>/submissions/<first run id>-folds.csv` (the first of
+    `run_dirs`: fold 0 of a fold_run_dirs list)."""
     run_dirs = [Path(d) for d in run_dirs]
     found = [(d, got) for d in run_dirs if (got := _fold_submission(d)) is not None]
     if not found:

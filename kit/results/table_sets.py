@@ -1,6 +1,6 @@
-"""Which tables a set of runs gets: a profile's tables (what kit.batch writes after a grid) and
-the results notebook's tables (the configuration a selection rule picks, in the paper's
-layout, with its comparisons, summaries and epoch views). Ready for kit.results.writers.write_tables."""
+"""Which tables a set of runs gets: a profile's tables (what kit.batch writes after a grid) and the
+results notebook's tables (the configuration a selection rule picks, in the paper's layout, with its
+comparisons, summaries and epoch views). Ready for kit.results.writers.write_tables."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,11 +1,11 @@
 """fit(config): one fine-tuning run, start to finish; and the single-task job of the loop.
 
     fit(RunConfig(task="RTE", method="ssa-h"))
-    python -m kit.train.finetune CONFIG.json            # one run; under torchrun / accelerate launch too
+    python -m kit.train.finetune CONFIG.json   # one run; under torchrun / accelerate launch too
 
 The loop (kit.train.loop) is shared with multi-task runs; what a single-task run brings is here: its
-data and model, the epoch's examples of its method (kit.methods.epochs.build_epoch: SSA probing, BERT-mask
-copies), its loss terms, its evaluation and prediction files. Outputs: kit.runs.
+data and model, the epoch's examples of its method (kit.methods.epochs.build_epoch: SSA probing,
+BERT-mask copies), its loss terms, its evaluation and prediction files. Outputs: kit.runs.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def fit(cfg: RunConfig) -> dict:
 
 
 class SingleTask(loop.Job):
-    """One task, any single-task method: the epoch's examples come from kit.methods.epochs.build_epoch."""
+    """One task, any single-task method: the epoch's examples come from
+    kit.methods.epochs.build_epoch."""
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -124,8 +125,8 @@ def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss
                pd_factor: float = 0.001, ad_factor: float = 0.001,
                guide_reduction: str = "query") -> dict[str, torch.Tensor]:
     """The training loss and its parts (for history.csv). SSA: alpha * L_target +
-    (1 - alpha) * L_SSA; attention guiding (kit.methods.guiding, `guide_loss` other than "task") adds
-    pd_factor * L_PD + ad_factor * L_MD on top."""
+    (1 - alpha) * L_SSA; attention guiding (kit.methods.guiding, `guide_loss` other than "task")
+    adds pd_factor * L_PD + ad_factor * L_MD on top."""
     guided = guide_loss != "task"
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"),

@@ -3,8 +3,9 @@
 Read top to bottom: set-up, then per epoch (1) the job builds the epoch's batches (SSA probes
 with the model from the previous epoch there; a multi-task job samples the task of each batch),
 (2) train, (3) evaluate every task on its full dev set(s), checkpoint. What differs between a
-single-task and a multi-task run is the Job (kit.train.finetune.SingleTask, kit.train.multitask.MultiTask):
-a single-task run is a mix of one task. Everything written goes through kit.runs.
+single-task and a multi-task run is the Job (kit.train.finetune.SingleTask,
+kit.train.multitask.MultiTask): a single-task run is a mix of one task. Everything written goes
+through kit.runs.
 
 Data-parallel: every rank builds the same plan of GLOBAL batches (seeded), and each rank takes
 its slice of each batch (rows[rank::n]): the global batch is `batch_size` whatever the number of
@@ -49,7 +50,8 @@ class Epoch:
 
 
 class Job:
-    """What a kind of run brings to the loop (see kit.train.finetune.SingleTask, kit.train.multitask.MultiTask).
+    """What a kind of run brings to the loop (see kit.train.finetune.SingleTask,
+    kit.train.multitask.MultiTask).
 
     Attributes set by the constructor: model (not yet prepared), tokenizer, tasks (kit Task
     list), pad_id, has_test; the loop adds `writer` (True in the process that writes files)

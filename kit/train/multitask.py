@@ -9,8 +9,8 @@ with p_i proportional to N_i^a, N_i the task's train rows:
     the start, nearly uniform at the end), round-robin: tasks in turn.
 Each task's batches come from its own endless stream of length-grouped passes over its rows.
 
-Evaluation after every epoch: every task on its full dev set(s) with its official metric.
-Model selection: the epoch with the highest MEAN of the task scores (kit.train.metrics.task_score; the
+Evaluation after every epoch: every task on its full dev set(s) with its official metric. Model
+selection: the epoch with the highest MEAN of the task scores (kit.train.metrics.task_score; the
 GLUE average; the released code picks on the sum, which selects the same epoch).
 
 Output (the kit.runs contract, outputs/runs/<run_id>/): config.json, metrics.json (status
