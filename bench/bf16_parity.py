@@ -4,7 +4,7 @@
     python bench/bf16_parity.py /tmp/parity-outputs --json outputs/bench/bf16_parity.json
 
 Per task x method: best dev score mean ± std over seeds in each precision, Welch's p
-(kit.stats.welch_test), the mean paired difference; for SSA runs the label statistics of the
+(kit.results.stats.welch_test), the mean paired difference; for SSA runs the label statistics of the
 probed epochs (flip rate, share of label 1); and the paired speed ratios (train examples/s,
 label generation, evaluation) of runs that ran back to back. Only runs with status ok count; a
 (task, method, seed) point counts only when both precisions finished, so the means are paired.
@@ -53,7 +53,7 @@ def mean_std(values) -> str:
 
 
 def summarize(points: dict) -> list[dict]:
-    from kit.stats import welch_test
+    from kit.results.stats import welch_test
     cells: dict = defaultdict(list)
     for (task, method, seed), runs in sorted(points.items()):
         cells[(task, method)].append(runs)

@@ -71,7 +71,7 @@ def build_random_model(name: str) -> str:
     """outputs/bench/models/<name>: a BERT of that size with random weights and the embedded
     model's tokenizer (the bert-base-uncased vocabulary), saved once as a Hugging Face folder."""
     from transformers import BertConfig, BertModel
-    from kit.backbones import load_tokenizer
+    from kit.models.backbones import load_tokenizer
     folder = REPO / "outputs" / "bench" / "models" / name
     if not (folder / "config.json").exists():
         tokenizer = load_tokenizer("minilm")
@@ -134,12 +134,12 @@ def peak_memory() -> dict:
 
 
 def hardware() -> dict:
-    """Where a figure was measured: the CPU and its class (kit.provenance: avx2 / avx512 /
+    """Where a figure was measured: the CPU and its class (kit.train.provenance: avx2 / avx512 /
     avx512_bf16 / amx ...), the flags that decide bf16, bf16 native or emulated with its rate at
     a small size, cores, load, versions. Every benchmark prints it above its numbers."""
     import torch
     import transformers
-    from kit.provenance import cpu_info
+    from kit.train.provenance import cpu_info
     cpu, probe = cpu_info(), bf16_probe()
     return {"cpu": cpu["model"], "cpu_class": cpu["cpu_class"], "cpu_flags": cpu["flags"],
             "bf16": f"{'native' if probe['native'] else 'emulated'} "
@@ -191,7 +191,7 @@ def dump_json(path: str | None, payload: dict) -> None:
 def kit_config(args: argparse.Namespace, outputs_dir: str, **overrides):
     """The kit's RunConfig for these settings. A fresh outputs_dir per run: fit() returns an
     earlier finished run of the same config instead of training again."""
-    from kit.config import RunConfig
+    from kit.config.run_config import RunConfig
     return RunConfig(task=args.task, model=args.model, seed=args.seed,
                      max_train_examples=args.max_train, max_length=args.max_length,
                      epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
@@ -207,7 +207,7 @@ def matmul_peak(size: int = 2048, seconds: float = 3.0, dtype: str | None = None
     import torch
     cuda = torch.cuda.is_available()
     if dtype is None:
-        from kit.accel import cuda_has_native_bf16
+        from kit.train.accel import cuda_has_native_bf16
         dtype = ("bfloat16" if cuda_has_native_bf16() else "float16") if cuda else "float32"
     device = "cuda" if cuda else "cpu"
     a, b = (torch.randn(size, size, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
@@ -234,7 +234,7 @@ def native_peak_dtypes() -> tuple[str, ...]:
     GFLOP/s against fp32's 27-54, docs/benchmarks.md): its 2048 x 2048 peak would take minutes and
     is no ceiling anything trains against; bf16_probe() records it small instead."""
     import torch
-    from kit.accel import cpu_has_native_bf16, cuda_has_native_bf16
+    from kit.train.accel import cpu_has_native_bf16, cuda_has_native_bf16
     native = cuda_has_native_bf16() if torch.cuda.is_available() else cpu_has_native_bf16()
     return ("float32", "bfloat16") if native else ("float32",)
 
@@ -242,7 +242,7 @@ def native_peak_dtypes() -> tuple[str, ...]:
 def bf16_probe() -> dict:
     """The bf16 matmul rate at a small size (256 x 256, ~0.2 s even where bf16 is emulated) and
     whether it is native: what the hardware header says about bf16 on every machine."""
-    from kit.accel import cpu_has_native_bf16
+    from kit.train.accel import cpu_has_native_bf16
     rate = matmul_peak(size=256, seconds=0.1, dtype="bfloat16")["flops_per_s"]
     return {"native": cpu_has_native_bf16(), "gflops_256": round(rate / 1e9, 2)}
 
@@ -280,6 +280,6 @@ def training_flops(model_dir: str, lengths, epochs: int) -> float:
 
 
 def check_environment() -> None:
-    """Offline; GLUE from $GLUE_DIR when set, else the project's own copy (kit.data.glue_source)."""
+    """Offline; GLUE from $GLUE_DIR when set, else the project's own copy (kit.data.pipeline.glue_source)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # no fork warnings, no extra threads

@@ -5,10 +5,10 @@ model again and tokenizes its data again. Each part is measured in fresh process
 times, alternated:
 
     kernel       start an ipykernel (the one papermill starts) until it answers, then stop it
-    imports      a fresh interpreter: import kit.train and kit.views (what finetune.ipynb
+    imports      a fresh interpreter: import kit.train.finetune and kit.results.views (what finetune.ipynb
                  imports), accelerate, and load the model with its tokenizer (load_backbone)
     tokenize     read the task's train + dev split and encode them, no cache
-    cached       the same with the token cache (kit.token_cache.token_cache_dir), warm: what
+    cached       the same with the token cache (kit.data.token_cache.token_cache_dir), warm: what
                  the second and later points of a grid pay
 
     python bench/point_overhead.py --task SST-2 --json outputs/bench/point_overhead_sst2.json
@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-IMPORTS = ("import kit.train, kit.views, accelerate; from kit.backbones import load_backbone; "
+IMPORTS = ("import kit.train.finetune, kit.results.views, accelerate; from kit.models.backbones import load_backbone; "
            "load_backbone({model!r})")
-TOKENIZE = ("from kit.config import RunConfig; from kit.data import encode, load_task_data; "
-            "from kit.token_cache import token_cache_dir; from kit.backbones import load_tokenizer; "
+TOKENIZE = ("from kit.config.run_config import RunConfig; from kit.data.pipeline import encode, load_task_data; "
+            "from kit.data.token_cache import token_cache_dir; from kit.models.backbones import load_tokenizer; "
             "cfg = RunConfig(task={task!r}, max_train_examples={max_train}); "
             "data = load_task_data(cfg); tok = load_tokenizer({model!r}); "
             "import time; t0, c0 = time.perf_counter(), time.process_time(); "

@@ -41,7 +41,7 @@ def main() -> None:
                                                  precision or args.precision))
         return
 
-    from kit.config import RunConfig
+    from kit.config.run_config import RunConfig
     start = RunConfig().ssa_start_epoch
     if args.epochs <= start:
         print(f"warning: with {args.epochs} epoch(s) nothing is probed: SSA starts at epoch "
@@ -68,9 +68,9 @@ def run_names(args) -> list[str]:
 
 
 def run_kit(args, method: str, gamma: float, precision: str) -> dict:
-    from kit.metrics import reported_metrics
-    from kit.tasks import get_task
-    from kit.train import fit
+    from kit.train.metrics import reported_metrics
+    from kit.config.tasks import get_task
+    from kit.train.finetune import fit
     with tempfile.TemporaryDirectory() as out:
         cfg = common.kit_config(args, out, method=method, gamma=gamma,
                                 mixed_precision=precision)

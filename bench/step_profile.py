@@ -1,8 +1,8 @@
 """Where one training step of the kit's model goes on this CPU, by operator class (torch.profiler).
 
-The step is the kit's single-task `bert` step: kit.models.SequenceModel (encoder + pooler +
+The step is the kit's single-task `bert` step: kit.methods.bert.SequenceModel (encoder + pooler +
 classifier) on a batch of `--batch` rows of `--length` real tokens, forward under bf16 autocast
-(or fp32), fp32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW (kit.loop). It
+(or fp32), fp32 cross-entropy, backward, gradient clipping at 1.0, fused AdamW (kit.train.loop). It
 answers "how close can useful FLOP/s get to the matmul peak of the step's own precision?": the
 matrix products are only a share of the step, and that share bounds the fraction of the peak the
 whole step can reach. bf16 is profiled only where it is native (bench/common.native_peak_dtypes):
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kit.backbones import load_backbone, model_path
-from kit.models import HeadSpec, SequenceModel
+from kit.models.backbones import load_backbone, model_path
+from kit.methods.bert import HeadSpec, SequenceModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402

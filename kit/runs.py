@@ -5,11 +5,11 @@
     history.csv        one row per logging step
     predictions/       dev predictions of the best epoch (<split>.tsv, multi-task <TASK>/<split>.tsv),
                        test predictions in the GLUE server's format, submission.csv (CSV tasks)
-    checkpoint/        best (kit.model_io's layout: plain transformers loads it) and last
+    checkpoint/        best (kit.models.model_io's layout: plain transformers loads it) and last
                        (accelerate's save_state: model, optimizer, RNGs, loop progress; for
-                       resuming); written and restored by kit.run_state
+                       resuming); written and restored by kit.train.run_state
     ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.pt
-                       (save_labels: true; written by kit.ssa, read by read_saved_labels)
+                       (save_labels: true; written by kit.methods.ssa, read by read_saved_labels)
     notebook.ipynb     written by kit.batch
 
 Every reader and writer of a run folder is here (torch is not imported at module level: tables
@@ -23,14 +23,14 @@ import csv
 import io
 import json
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kit import io as kio
-from kit.config import RunConfig
+from kit.config.run_config import RunConfig
 
 
 class RunLocked(RuntimeError):
@@ -127,32 +127,34 @@ def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.Da
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    """checkpoint/: best (kit.model_io's layout) and last (accelerate's state, kit.run_state)."""
+    """checkpoint/: best (kit.models.model_io's layout) and last (accelerate's state,
+    kit.train.run_state)."""
     return Path(run_dir) / "checkpoint"
 
 
 def best_checkpoint(run_dir: str | Path) -> Path | None:
-    """checkpoint/best when the run kept one (kit.models.save_model's layout, whose head spec,
-    head_spec.json, every saved model has), else None."""
+    """checkpoint/best when the run kept one (kit.models.model_io.save_model's layout, whose head
+    spec, head_spec.json, every saved model has), else None."""
     folder = checkpoint_dir(run_dir) / "best"
     return folder if (folder / "head_spec.json").exists() else None
 
 
 def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
-    """Where kit.ssa saves (and reuse_labels_from reads) one SSA epoch's set and statistics."""
+    """Where kit.methods.ssa saves (and reuse_labels_from reads) one SSA epoch's set and
+    statistics."""
     return saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
 
 
 def saved_labels_dir(run_dir: str | Path) -> Path:
     """ssa_labels/: one epoch<N>.pt per SSA-labelled epoch of a run with save_labels: true
-    (written by kit.ssa.build_epoch)."""
+    (written by kit.methods.ssa.ssa_labels_epoch)."""
     return Path(run_dir) / "ssa_labels"
 
 
 def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
     """The run's saved SSA epochs in epoch order, each {"epoch_set": the epoch's training set
-    (kit.data.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats": its
-    LabelStats as a dict}; nothing when it saved none."""
+    (kit.data.pipeline.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats":
+    its LabelStats as a dict}; nothing when it saved none."""
     import torch
     files = sorted(saved_labels_dir(run_dir).glob("epoch*.pt"),
                    key=lambda path: int(path.stem.removeprefix("epoch")))
@@ -178,29 +180,25 @@ def base_record(cfg: RunConfig) -> dict:
             **({"tasks": list(cfg.tasks)} if cfg.tasks else {})}
 
 
-def environment(processes: int) -> dict:
-    """The provenance block of a record (kit.provenance: commit, versions, CPU class, GPU ...).
-    Imported here, not above: the results modules read runs without importing torch."""
-    from kit.provenance import environment as measured
-    return measured(processes)
-
-
-def record_failed(cfg: RunConfig, error: str, tb: str | None = None, processes: int = 1) -> None:
-    """metrics.json with status failed: the run's own error, or (kit.batch) its kernel's death."""
+def record_failed(cfg: RunConfig, error: str, tb: str | None = None,
+                  environment: dict | None = None) -> None:
+    """metrics.json with status failed: the run's own error, or (kit.batch) its kernel's death;
+    `environment`: where it ran (kit.train.provenance)."""
     kio.write_json(run_dir_of(cfg) / "metrics.json", {
         **base_record(cfg), "status": "failed", "error": error,
-        **({"traceback": tb[-4000:]} if tb else {}), "environment": environment(processes)})
+        **({"traceback": tb[-4000:]} if tb else {}), "environment": environment})
 
 
-def run_recorded(cfg: RunConfig, body) -> dict:
+def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict]) -> dict:
     """The frame of every run: a config that already finished ok is not rerun (its results are
     never overwritten); one process trains a run at a time (RunLocked otherwise); config.json
     first, then metrics.json with status ok, or failed and the error. `body(cfg, run_dir)`
     trains and returns the metrics; a run killed earlier resumes inside it.
 
     Data-parallel (torchrun / accelerate launch): the main process alone takes the lock, checks
-    for a finished run and writes; it tells the other ranks whether to train, and they wait."""
-    state = process_state()
+    for a finished run and writes; it tells the other ranks whether to train, and they wait.
+    `state`: accelerate's process state on the run's device (kit.train.accel.process_state);
+    `environment(processes)`: the record's provenance (kit.train.provenance.environment)."""
     if not state.is_main_process:
         verdict, payload = _broadcast(state, None)
         if verdict == "done":
@@ -226,22 +224,12 @@ def run_recorded(cfg: RunConfig, body) -> dict:
             result = body(cfg, run_dir)
         except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
             record_failed(cfg, f"{type(err).__name__}: {err}".splitlines()[0],
-                          traceback.format_exc(), state.num_processes)
+                          traceback.format_exc(), environment(state.num_processes))
             raise
         metrics = {**base_record(cfg), "status": "ok", "error": None, **result,
                    "environment": environment(state.num_processes)}
         kio.write_json(run_dir / "metrics.json", metrics)
         return metrics
-
-
-def process_state():
-    """accelerate's process state (one process, or a rank of torchrun / accelerate launch), on
-    the device the run's Accelerator will use (kit.accel.machine_device): without a GPU, ranks
-    are CPU processes (gloo), and accelerate needs to be told (cpu=True)."""
-    from accelerate import PartialState
-
-    from kit.accel import machine_device
-    return PartialState(cpu=machine_device() == "cpu")
 
 
 def _broadcast(state, verdict):

@@ -1,7 +1,9 @@
 """The kit's module graph: no import cycle, counting imports inside functions too (a lazy
-import must not hide a cycle); the outputs contract and the loop have one home each."""
+import must not hide a cycle); each layer imports only the layers below it (docs/architecture.md);
+the outputs contract and the loop have one home each, each method's code its file."""
 import ast
 import re
+from dataclasses import replace
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parents[1] / "kit"
@@ -14,7 +16,7 @@ def kit_imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("kit.")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module in ("kit", "kit.methods"):      # `from kit import runs`
+            if node.module == "kit" or node.module.startswith("kit."):   # from kit.train import loop
                 found |= {f"{node.module}.{a.name}" for a in node.names}
             if node.module.startswith("kit."):
                 found.add(node.module)
@@ -51,21 +53,21 @@ def test_the_import_graph_of_kit_is_acyclic():
 
 def test_the_graph_reader_sees_function_level_imports(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("import os\nfrom kit import runs\n\ndef f():\n    from kit.loop import run\n"
-                    "    import kit.data\n")
-    assert kit_imports(path) == {"kit.runs", "kit.loop", "kit.data"}
+    path.write_text("import os\nfrom kit import runs\n\ndef f():\n"
+                    "    from kit.train.loop import run\n    import kit.data.pipeline\n")
+    assert kit_imports(path) & set(graph()) == {"kit.runs", "kit.train.loop", "kit.data.pipeline"}
 
 
 def test_one_training_loop_and_one_owner_of_run_folders():
-    """Only kit.loop steps an optimizer (and kit.speed_probe, timing it); only kit.runs writes or
-    parses a run's metrics.json, config.json and history.csv (kit.model_io's config.json is a
-    checkpoint's, not a run's)."""
+    """Only kit.train.loop steps an optimizer (and kit.train.speed_probe, timing it); only
+    kit.runs writes or parses a run's metrics.json, config.json and history.csv
+    (kit.models.model_io's config.json is a checkpoint's, not a run's)."""
     touches_run_file = re.compile(
         r'"(metrics|config)\.json"\)?\.(read_text|write_text)|write_json\([^)]*"(metrics|config)\.json"'
         r'|read_csv\([^)]*history|"history\.csv"\)\.(read|write)|/ "history\.csv", ')
-    for path in KIT.glob("*.py"):
+    for path in KIT.rglob("*.py"):
         text = path.read_text()
-        # kit.speed_probe (the doctor's) steps a throwaway model for timing; it trains no run
+        # kit.train.speed_probe (the doctor's) steps a throwaway model for timing; it trains no run
         if path.stem not in ("loop", "speed_probe"):
             assert "optimizer.step()" not in text, path.name
         if path.stem not in ("runs", "model_io"):
@@ -74,15 +76,16 @@ def test_one_training_loop_and_one_owner_of_run_folders():
 
 def test_the_graph_includes_the_method_registry():
     edges = graph()
-    assert "kit.methods" in edges["kit.config"] and "kit.methods.ssa_h" in edges["kit.methods"]
-    assert edges["kit.methods.base"] == set()            # data only: no kit module below it
+    assert "kit.methods" in edges["kit.config.run_config"]
+    assert edges["kit.methods"] == set()                 # data only: no kit module below it
 
 
 def test_method_names_are_tested_only_in_the_registry():
     """Everything asks kit.methods (flags, labels, colours) instead of testing a method's name
     (the paper's table rows in paper_results name the paper's methods, which is their data)."""
     pattern = re.compile(r'method\s*(==|!=|in|not in)\s*\(?"(bert|bert-mask|ssa-co|ssa-h|embert|gated)"')
-    hits = [f"{p.name}: {m.group(0)}" for p in KIT.glob("*.py") for m in pattern.finditer(p.read_text())]
+    hits = [f"{p.name}: {m.group(0)}" for p in KIT.rglob("*.py")
+            for m in pattern.finditer(p.read_text())]
     assert not hits
 
 
@@ -94,6 +97,92 @@ def test_results_modules_read_run_folders_through_kit_runs():
     results = ("report", "tables", "paper_table", "selection", "fold_tables", "table_sets",
                "writers", "figure_data", "token_view", "figures", "mechanism")
     hits = [f"{name}.py: {node.value!r}" for name in results
-            for node in ast.walk(ast.parse((KIT / f"{name}.py").read_text()))
+            for node in ast.walk(ast.parse((KIT / "results" / f"{name}.py").read_text()))
             if isinstance(node, ast.Constant) and node.value in run_files]
     assert not hits
+
+
+# ---------------------------------------------------------- the layers (docs/architecture.md)
+# Each layer imports only the layers below it (and its own package). The method registry's table
+# (kit/methods/__init__.py) is data with no kit import: it sits at the bottom and every layer may
+# read it; the methods' code files beside it are layer 5.
+LAYERS = {"kit.io": 0, "registry": 0, "kit.config": 1, "kit.runs": 2, "kit.data": 3,
+          "kit.models": 4, "kit.methods": 5, "kit.train": 6, "kit.results": 7, "doors": 8}
+DOORS = ("kit.batch", "kit.run", "kit.kernels", "kit.predict", "kit.doctor")
+SUBPACKAGES = ("config", "data", "models", "methods", "train", "results")
+
+
+def layer(module: str) -> str:
+    """The layer of a kit module: its subpackage, a flat module's own name, or the doors."""
+    if module == "kit.methods":
+        return "registry"
+    top = ".".join(module.split(".")[:2])
+    return "doors" if top in DOORS else top
+
+
+def test_every_kit_module_has_a_layer():
+    unplaced = [m for m in graph() if layer(m) not in LAYERS]
+    assert not unplaced, f"give these a layer (docs/architecture.md, LAYERS): {unplaced}"
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    upward = [f"{module} ({layer(module)}) imports {other} ({layer(other)})"
+              for module, imported in graph().items() for other in imported
+              if layer(other) != layer(module) and LAYERS[layer(other)] >= LAYERS[layer(module)]]
+    assert not upward
+
+
+def test_the_shape_of_kit():
+    """5-7 subpackages along the flow, at most 8 modules flat in kit/, none over 350 lines; a
+    subpackage's __init__ is its docstring (the registry's table is kit.methods' own)."""
+    packages = sorted(p.name for p in KIT.iterdir() if (p / "__init__.py").exists())
+    assert packages == sorted(SUBPACKAGES)
+    flat = [p.stem for p in KIT.glob("*.py") if p.stem != "__init__"]
+    assert len(flat) <= 8, flat
+    long = {str(p.relative_to(KIT)): n for p in KIT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 350}
+    assert not long
+    for name in SUBPACKAGES:
+        tree = ast.parse((KIT / name / "__init__.py").read_text())
+        assert ast.get_docstring(tree), name
+        if name != "methods":
+            assert len(tree.body) == 1, f"kit/{name}/__init__.py: a docstring only"
+
+
+def test_each_method_file_is_code_not_a_stub():
+    stubs = [p.name for p in (KIT / "methods").glob("*.py")
+             if p.name != "__init__.py" and len(p.read_text().splitlines()) < 25]
+    assert not stubs
+
+
+def test_the_worked_example_of_a_new_method_runs(monkeypatch):
+    """docs/architecture.md's 20-line method, as written there (its file, its registry row, its
+    EPOCHS line), makes a method whose epoch is the training set plus shuffled copies."""
+    import numpy as np
+
+    from kit import methods
+    from kit.config.run_config import RunConfig
+    from kit.data.pipeline import Examples
+    from kit.methods import epochs
+    from kit.methods.ssa import SSASettings
+
+    doc = (KIT.parent / "docs" / "architecture.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
+    code = next(b for b in blocks if b.startswith("# kit/methods/shuffled.py"))
+    module = {}
+    exec(compile(code, "kit/methods/shuffled.py", "exec"), module)
+    row = next(b for b in blocks if '"shuffled-copies"' in b and "Method(" in b)
+    method = eval(re.search(r"Method\(.*\)", row)[0], {"Method": methods.Method})
+    kind = re.search(r'^\s*"([\w-]+)": (\w+),', row, re.M)
+    monkeypatch.setitem(methods.REGISTRY, method.name, method)
+    monkeypatch.setitem(epochs.EPOCHS, kind[1], module[kind[2]])
+
+    rows = [np.array([101, 5, 6, 7, 8, 102]), np.array([101, 9, 10, 102, 11, 102])]
+    train = Examples(rows, None, [np.isin(r, [101, 102]) for r in rows], np.array([0, 1]))
+    settings = replace(SSASettings.from_config(RunConfig()), method=method.name)
+    epoch_set, stats = epochs.build_epoch(train, settings, 1, None, False, 103)
+    assert stats == {"epoch": 1, "shuffled": 2} and len(epoch_set) == 4
+    for original, copy in zip(rows, epoch_set.input_ids[2:]):
+        special = np.isin(original, [101, 102])
+        assert (copy[special] == original[special]).all()
+        assert sorted(copy[~special]) == sorted(original[~special])

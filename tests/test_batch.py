@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from kit import batch
-from kit.config import ConfigError, RunConfig
-from kit.train import run_dir_of
+from kit.config.run_config import ConfigError, RunConfig
+from kit.train.finetune import run_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -298,7 +298,7 @@ def test_every_task_of_the_demo_profile_is_in_the_project(no_kernels):
 
 
 def test_glue_files_resolve_parameter_then_env_then_project_then_hub(tmp_path, monkeypatch):
-    from kit.data import PROJECT_GLUE, glue_source
+    from kit.data.pipeline import PROJECT_GLUE, glue_source
     monkeypatch.delenv("GLUE_DIR", raising=False)
     assert glue_source("", "RTE") == PROJECT_GLUE
     assert glue_source("", "MRPC") == "hub"                  # not in the project's copy
@@ -326,7 +326,7 @@ def test_nothing_in_the_project_reads_the_shared_folder_beside_the_clone():
 
 def test_log_progress_lines_are_whole_lines(monkeypatch):
     import io
-    from kit import progress
+    from kit.train import progress
     out = io.StringIO()
     bar = progress.LineBar(range(5), desc="epoch 0/1 train", file=out, mininterval=0, delay=0,
                            miniters=1)

@@ -30,8 +30,8 @@ def test_matmul_peak_in_bf16():
 @pytest.mark.parametrize("native, dtypes", [(True, {"float32", "bfloat16"}), (False, {"float32"})])
 def test_peaks_take_bf16_only_where_it_is_native(monkeypatch, native, dtypes):
     """An emulated bf16 peak (AVX2) at 2048 x 2048 took minutes and bounds nothing: skipped."""
-    import kit.accel
-    monkeypatch.setattr(kit.accel, "cpu_has_native_bf16", lambda: native)
+    import kit.train.accel
+    monkeypatch.setattr(kit.train.accel, "cpu_has_native_bf16", lambda: native)
     got = common.peaks(seconds=0.01, size=64)
     assert set(got) == dtypes and all(v > 0 for v in got.values())
 

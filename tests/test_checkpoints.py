@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from kit.checkpoints import is_classic_checkpoint, load_classic_checkpoint
+from kit.models.checkpoints import is_classic_checkpoint, load_classic_checkpoint
 
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             intermediate_size=64, hidden_act="gelu", hidden_dropout_prob=0.1,

@@ -1,10 +1,10 @@
-"""Tests of kit.config: validation of every knob, type coercion and the stable run id."""
+"""Tests of kit.config.run_config: validation of every knob, type coercion and the stable run id."""
 import dataclasses
 
 import numpy as np
 import pytest
 
-from kit.config import METHODS, ConfigError, RunConfig
+from kit.config.run_config import METHODS, ConfigError, RunConfig
 
 
 def test_defaults_are_valid():
@@ -195,7 +195,7 @@ def test_run_id_known_value():
     """A hash of the identity fields must not drift between processes or versions silently."""
     import hashlib
     import json
-    from kit.config import RESULTS_VERSION
+    from kit.config.run_config import RESULTS_VERSION
     cfg = RunConfig(lr=1e-4, outputs_dir="elsewhere")
     identity = {"version": RESULTS_VERSION, "lr": 1e-4}   # only non-default identity fields
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
@@ -254,7 +254,7 @@ def test_other_tools_names_are_answered_with_the_kits_name(alias, field):
 
 
 def test_every_alias_points_at_a_field():
-    from kit.config import PARAMETER_ALIASES
+    from kit.config.run_config import PARAMETER_ALIASES
     names = {f.name for f in dataclasses.fields(RunConfig)}
     assert set(PARAMETER_ALIASES.values()) <= names
     assert not set(PARAMETER_ALIASES) & names
@@ -326,7 +326,7 @@ def test_any_casing_and_separators_of_a_task_name_give_one_run_id():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from kit.tasks import GLUE_TASKS, SYNTHETIC_TASKS
+    from kit.config.tasks import GLUE_TASKS, SYNTHETIC_TASKS
     names = [*GLUE_TASKS, *SYNTHETIC_TASKS]
 
     @settings(max_examples=200, deadline=None, derandomize=True)

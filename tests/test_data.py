@@ -1,4 +1,4 @@
-"""Tests of kit.data: tokenization, word -> word-piece importance, collation, batching, loading."""
+"""Tests of kit.data.pipeline: tokenization, word -> word-piece importance, collation, batching, loading."""
 from pathlib import Path
 
 import numpy as np
@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kit import data, synthetic, token_cache
-from kit.backbones import load_tokenizer
-from kit.config import RunConfig
-from kit.data import (IGNORE, Examples, collate, encode, length_grouped_batches, load_task_data,
-                      random_batches, sorted_batches)
-from kit.readers import DataError, read_glue_split
-from kit.tasks import Split, get_task
+from kit.data import pipeline as data, synthetic, token_cache
+from kit.models.backbones import load_tokenizer
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import (IGNORE, Examples, collate, encode, length_grouped_batches,
+                               load_task_data, random_batches, sorted_batches)
+from kit.data.readers import DataError, read_glue_split
+from kit.config.tasks import Split, get_task
 
 
 @pytest.fixture(scope="module")
@@ -465,7 +465,7 @@ def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
 
 
 def test_the_second_run_of_a_grid_reads_its_splits_from_the_token_cache(tmp_path, monkeypatch):
-    from kit.train import fit
+    from kit.train.finetune import fit
     base = {"task": "synthetic", "model": "tiny", "synthetic_size": 64, "epochs": 1,
             "save_checkpoints": False, "outputs_dir": str(tmp_path)}
     first = fit(RunConfig(**base, seed=0))

@@ -1,5 +1,5 @@
 """Data-parallel runs: 2 CPU processes (gloo), through the entry points a user would use
-(`python -m kit.batch PROFILE --processes 2`, `torchrun -m kit.train config.json`).
+(`python -m kit.batch PROFILE --processes 2`, `torchrun -m kit.train.finetune config.json`).
 
 What must equal a 1-process run exactly: the SSA labels drawn from the same weights (epoch 0
 probes the initial model when ssa_start_epoch is 0), global counts (steps, examples), one set
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kit.config import RunConfig
+from kit.config.run_config import RunConfig
 from kit.runs import run_dir_of
-from kit.train import fit
+from kit.train.finetune import fit
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SSA_KIT_PROGRESS": "off"}
@@ -37,7 +37,7 @@ def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):
     path = tmp_path / f"{cfg.run_id}.json"
     path.write_text(json.dumps(cfg.to_dict()))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={n}", "-m", "kit.train", str(path)]
+           f"--nproc_per_node={n}", "-m", "kit.train.finetune", str(path)]
     if not wait:
         return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)

@@ -1,5 +1,5 @@
 """kit.doctor: the report's sections and decisions (device, precision with its reason, processes,
-GLUE, offline) on monkeypatched machines, the prediction's arithmetic (kit.speed_probe), the real
+GLUE, offline) on monkeypatched machines, the prediction's arithmetic (kit.train.speed_probe), the real
 command with --no-probe --json, and the probe itself once with one timed step."""
 import json
 import subprocess
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kit import accel, doctor, provenance, speed_probe
+from kit.train import accel, provenance, speed_probe
+from kit import doctor
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ["machine", "decisions", "data and models", "software"]

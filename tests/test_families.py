@@ -1,9 +1,9 @@
 """Every encoder family through every single-task method, offline.
 
-Tiny random encoders of each family (kit.zoo: hidden 32, 2 layers) with real tokenizers of each
+Tiny random encoders of each family (kit.models.zoo: hidden 32, 2 layers) with real tokenizers of each
 kind built here - WordPiece (the embedded vocabulary), byte-level BPE and SentencePiece-style
 Unigram trained on the project's GLUE text - saved as local Hugging Face folders, then run as a
-user would: `RunConfig(model=<folder>)` -> kit.train.fit. One family (DeBERTa-v3: Unigram, no
+user would: `RunConfig(model=<folder>)` -> kit.train.finetune.fit. One family (DeBERTa-v3: Unigram, no
 SDPA, no pooler) also goes through papermill, like a profile's run.
 """
 import json
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from kit import zoo
-from kit.backbones import load_backbone
-from kit.config import RunConfig
-from kit.data import encode
-from kit.masking import masked_copies, ratio_masks, real_tokens
-from kit.synthetic import generate
-from kit.train import fit, run_dir_of
+from kit.models import zoo
+from kit.models.backbones import load_backbone
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import encode
+from kit.methods.bert_mask import masked_copies, ratio_masks, real_tokens
+from kit.data.synthetic import generate
+from kit.train.finetune import fit, run_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = sorted(zoo.FAMILIES)
@@ -152,7 +152,7 @@ def test_pairs_test_predictions_and_resume(folders, family, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pooled_representation(folders, family):
     """The pooler where the family has one, else the first token (docs/ssa.md)."""
-    from kit.models import HeadSpec, SequenceModel
+    from kit.methods.bert import HeadSpec, SequenceModel
     backbone, tokenizer = load_backbone(str(folders[family]))
     model = SequenceModel(backbone, HeadSpec(num_labels=2)).eval()
     enc = tokenizer(["a good movie", "bad"], padding=True, return_tensors="pt")
@@ -190,8 +190,8 @@ MULTITASK_OK = {"bert", "roberta", "xlm-roberta", "electra"}   # encoder.layer[i
 def test_multitask_models_build_or_say_why_in_one_line(folders, family):
     """EmBERT / Gated-BERT hook BERT-style self-attention (query/key/value Linear layers):
     families with that layout run; the others stop with one line naming the encoder."""
-    from kit.backbones import ModelError
-    from kit.multitask_models import MultiTaskModel, MultiTaskSpec
+    from kit.models.backbones import ModelError
+    from kit.methods.embert import MultiTaskModel, MultiTaskSpec
     backbone, tokenizer = load_backbone(str(folders[family]))
     spec = MultiTaskSpec(["RTE", "CoLA"], [2, 2], [False, False], "gated")
     if family not in MULTITASK_OK:
@@ -211,7 +211,7 @@ def test_multitask_models_build_or_say_why_in_one_line(folders, family):
 def test_multitask_fit_runs_or_records_the_one_line_error(folders, family, tmp_path):
     """Gated-BERT on RTE + WNLI pairs: trains on RoBERTa (byte-level BPE, no token_type_ids);
     on DistilBERT the run stops before training and metrics.json holds the one line."""
-    from kit.backbones import ModelError
+    from kit.models.backbones import ModelError
     cfg = RunConfig.from_dict(dict(
         task="multitask", tasks=("RTE", "WNLI"), method="gated", model=str(folders[family]),
         max_train_examples=32, epochs=1, max_length=32, batch_size=16, save_checkpoints=False,

@@ -1,5 +1,5 @@
-"""kit.figure_data and kit.token_view.find_run on hand-made run folders (config.json,
-metrics.json, history.csv as the training loop writes them), and kit.figures' plots of those
+"""kit.results.figure_data and kit.results.token_view.find_run on hand-made run folders (config.json,
+metrics.json, history.csv as the training loop writes them), and kit.results.figures' plots of those
 frames."""
 import json
 import math
@@ -12,8 +12,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from kit import figure_data, figures, token_view  # noqa: E402
-from kit.report import load_runs  # noqa: E402
+from kit.results import figure_data, figures, token_view  # noqa: E402
+from kit.results.report import load_runs  # noqa: E402
 
 
 def make_run(root: Path, run_id: str, task="SST-2", method="bert", seed=0, score=0.8,

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kit.folds import assign_folds
+from kit.data.folds import assign_folds
 
 
 def assert_partition(folds, n_rows, n_folds):

@@ -10,11 +10,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kit import profiles
-from kit.config import ConfigError
-from kit.csv_reader import read_csv_split
-from kit.readers import DataError, read_glue_split
-from kit.tasks import get_task
+from kit.config import profiles
+from kit.config.run_config import ConfigError
+from kit.data.csv_reader import read_csv_split
+from kit.data.readers import DataError, read_glue_split
+from kit.config.tasks import get_task
 
 FUZZ = settings(max_examples=100, derandomize=True, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

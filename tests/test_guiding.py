@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from kit.guiding import guiding_loss, head_vectors
+from kit.methods.guiding import guiding_loss, head_vectors
 
 TAU = 2.0
 

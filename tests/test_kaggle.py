@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit import batch, fold_tables, report, table_sets, writers
-from kit.config import ConfigError, RunConfig
-from kit.data import load_task_data
-from kit.readers import DataError
-from kit.paper_table import paper_table
-from kit.tables import summary_table
+from kit import batch
+from kit.results import fold_tables, report, table_sets, writers
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data.pipeline import load_task_data
+from kit.data.readers import DataError
+from kit.results.paper_table import paper_table
+from kit.results.tables import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "tests" / "fixtures" / "stsb_pairs.csv"          # 200 real STS-B dev pairs
@@ -135,7 +136,7 @@ def test_fold_knobs_valid_and_in_the_run_id():
 # ---------------------------------------------------------------- a tiny k-fold fit
 
 def test_tiny_fit_on_one_fold_of_the_csv_fixture(tmp_path):
-    from kit.train import fit, run_dir_of
+    from kit.train.finetune import fit, run_dir_of
     cfg = RunConfig(**CSV, n_folds=5, fold=0, model="tiny", epochs=2, lr=1e-3, batch_size=16,
                     layer_decay=0.9, save_checkpoints=False, outputs_dir=str(tmp_path))
     m = fit(cfg)
@@ -374,7 +375,7 @@ def sentiment_cfg(tmp_path, **extra) -> RunConfig:
 
 
 def test_csv_test_file_gives_submission_with_ids_in_order_and_class_names(tmp_path):
-    from kit.train import fit, run_dir_of
+    from kit.train.finetune import fit, run_dir_of
     cfg = sentiment_cfg(tmp_path)
     assert fit(cfg)["status"] == "ok"
     sub = pd.read_csv(run_dir_of(cfg) / "submission.csv", dtype=str, keep_default_na=False)
@@ -409,7 +410,7 @@ def test_test_file_problems_are_one_line(tmp_path):
 @pytest.mark.parametrize("metric, pick", [("rmse", np.argmin), ("pearson", np.argmax),
                                           ("spearman", np.argmax)])
 def test_csv_metric_selects_the_best_epoch_in_its_direction(tmp_path, metric, pick):
-    from kit.train import fit
+    from kit.train.finetune import fit
     cfg = RunConfig(**CSV, csv_metric=metric, model="tiny", epochs=3, lr=1e-3, batch_size=32,
                     max_train_examples=80, save_checkpoints=False, outputs_dir=str(tmp_path))
     m = fit(cfg)
@@ -431,7 +432,7 @@ def make_submission_run(root: Path, fold: int, ids, preds, regression=True, stat
 
 
 def test_fold_submissions_average_regression_and_vote_classification(tmp_path):
-    from kit.submission import average_fold_submissions
+    from kit.results.submission import average_fold_submissions
     ids = ["7", "03", "x"]
     runs = [make_submission_run(tmp_path / "r", f, ids, p) for f, p in
             enumerate([[1.0, 2.0, 4.0], [2.0, 2.5, 0.0], [3.0, 0.5, 2.0]])]
@@ -451,7 +452,7 @@ def test_fold_submissions_average_regression_and_vote_classification(tmp_path):
 
 
 def test_fold_submissions_with_other_ids_are_refused(tmp_path):
-    from kit.submission import SubmissionError, average_fold_submissions
+    from kit.results.submission import SubmissionError, average_fold_submissions
     a = make_submission_run(tmp_path, 0, ["1", "2"], [1.0, 2.0])
     b = make_submission_run(tmp_path, 1, ["2", "1"], [1.0, 2.0])
     with pytest.raises(SubmissionError, match="f1/submission.csv: other ids"):
@@ -462,8 +463,8 @@ def test_fold_submissions_with_other_ids_are_refused(tmp_path):
 
 def test_k_fold_runs_with_a_test_file_average_into_one_submission(tmp_path):
     """Two real fold runs of a tiny model on the STS-B fixture, then the CommonLit average."""
-    from kit.submission import average_fold_submissions
-    from kit.train import fit, run_dir_of
+    from kit.results.submission import average_fold_submissions
+    from kit.train.finetune import fit, run_dir_of
     test = tmp_path / "test.csv"
     pd.read_csv(PAIRS).drop(columns="score").iloc[:12].to_csv(test, index=False)
     cfg = RunConfig(**CSV, csv_test_path=str(test), n_folds=2, model="tiny", epochs=1, lr=1e-3,

@@ -1,4 +1,4 @@
-"""The SSA mechanism benchmark's tables (kit.mechanism) on hand-made runs with known answers, and
+"""The SSA mechanism benchmark's tables (kit.results.mechanism) on hand-made runs with known answers, and
 kit.runs' reader of the saved SSA labels. The notebook itself runs in test_paper_outputs."""
 import time
 
@@ -7,10 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from kit import mechanism, runs
-from kit.data import IGNORE, Examples
-from kit.ssa import LabelStats
-from kit.synthetic import SPURIOUS
+from kit.results import mechanism
+from kit import runs
+from kit.data.pipeline import IGNORE, Examples
+from kit.methods.ssa import LabelStats
+from kit.data.synthetic import SPURIOUS
 
 
 def run_rows(method, last, heldout, **config):
@@ -84,7 +85,7 @@ def examples(*rows):
 
 
 def save_epoch(run_dir, epoch, epoch_set, flipped=1, variants=4):
-    """What kit.ssa.build_epoch saves with save_labels: true."""
+    """What kit.methods.epochs.build_epoch saves with save_labels: true."""
     stats = LabelStats(epoch=epoch, rule="paper", flipped=flipped, variants=variants)
     stats.finish(epoch_set, time.perf_counter())
     path = runs.saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
@@ -147,7 +148,7 @@ def test_label_records_need_saved_labels(label_runs):
 
 
 def test_shortcut_word_is_one_word_piece_of_the_embedded_vocabulary():
-    from kit.backbones import load_tokenizer
+    from kit.models.backbones import load_tokenizer
     assert mechanism.shortcut_token_id("tiny") == load_tokenizer("tiny").vocab[SPURIOUS]
 
 

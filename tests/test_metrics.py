@@ -1,4 +1,4 @@
-"""kit.metrics against values worked out by hand, and against the sklearn / scipy functions it
+"""kit.train.metrics against values worked out by hand, and against the sklearn / scipy functions it
 replaced (numpy only, so a training kernel imports neither)."""
 import math
 import subprocess
@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, mean_squared_error
 
-from kit.metrics import (accuracy, average_ranks, binary_f1, compute_metrics, evaluate_splits,
-                         heldout_epoch, macro_f1, mcc, mse, pearson, reported_metrics, spearman,
-                         three_subset_stats, three_subsets)
-from kit.tasks import csv_task, get_task
+from kit.train.metrics import (accuracy, average_ranks, binary_f1, compute_metrics, evaluate_splits,
+                               heldout_epoch, macro_f1, mcc, mse, pearson, reported_metrics,
+                               spearman, three_subset_stats, three_subsets)
+from kit.config.tasks import csv_task, get_task
 
 # 2 true positives, 1 false negative, 1 false positive, 2 true negatives.
 LABELS = [1, 1, 1, 0, 0, 0]
@@ -141,11 +141,11 @@ def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
 
 
 # ------------------------------------------------ the numpy metrics against sklearn / scipy
-# Every kit.metrics function repeats the float operations of the function it replaced, in the
+# Every kit.train.metrics function repeats the float operations of the function it replaced, in the
 # same order, so the tests below compare with == (exact), never approx.
 
 def sklearn_scores(gold, preds) -> dict:
-    """The former definitions (kit.metrics before it dropped sklearn and scipy)."""
+    """The former definitions (kit.train.metrics before it dropped sklearn and scipy)."""
     return {"accuracy": accuracy_score(gold, preds), "mcc": matthews_corrcoef(gold, preds),
             "f1_macro": f1_score(gold, preds, average="macro", zero_division=0),
             "f1": f1_score(gold % 2, preds % 2, pos_label=1, average="binary", zero_division=0)}
@@ -262,10 +262,10 @@ def test_tiny_splits(n):
 
 
 def test_importing_the_training_kernel_loads_neither_scipy_nor_sklearn():
-    """A grid point's kernel imports kit.train and kit.views: neither may pull scipy (~1 s) or
+    """A grid point's kernel imports kit.train.finetune and kit.results.views: neither may pull scipy (~1 s) or
     sklearn. (Building a model still imports scipy.optimize: transformers.modeling_utils loads
     its object-detection losses, which import scipy when it is installed - not the kit's.)"""
-    code = ("import sys, kit.train, kit.views; "
+    code = ("import sys, kit.train.finetune, kit.results.views; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -1,5 +1,6 @@
-"""Tests of kit.models (masked softmax, SSA-H token weights, heads, losses), kit.model_io
-(save/load) and kit.backbones (loading encoders, one-line errors)."""
+"""Tests of the single-task model and its parts: kit.methods.bert (SequenceModel, heads, target
+loss), kit.methods.ssa_heads (masked softmax, SSA-H token weights, the token head, SSA loss),
+kit.models.model_io (save/load) and kit.models.backbones (loading encoders, one-line errors)."""
 import copy
 import re
 import time
@@ -9,11 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kit import backbones, models
-from kit.backbones import ModelError, load_backbone
-from kit.model_io import load_trained, save_model
-from kit.models import (HeadSpec, SequenceModel, TokenImportanceHead, hybrid_weights,
-                        masked_softmax, ssa_loss, target_loss)
+from kit.models import backbones
+from kit.methods import bert as models
+from kit.models.backbones import ModelError, load_backbone
+from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
+from kit.models.model_io import save_model
+from kit.methods.ssa_heads import TokenImportanceHead, hybrid_weights, masked_softmax, ssa_loss
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
@@ -407,7 +409,7 @@ def test_hub_id_offline_without_hf_hub_offline_fails_fast(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     why = "cannot connect to huggingface.co:443 ([Errno -3] Temporary failure in name resolution)"
     calls = []
-    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: calls.append(1) or why)
+    monkeypatch.setattr("kit.data.hub.hub_unreachable", lambda: calls.append(1) or why)
     started = time.perf_counter()
     with pytest.raises(ModelError) as info:
         load_backbone("nobody/no-such-model-at-all")
@@ -419,7 +421,7 @@ def test_hub_id_offline_without_hf_hub_offline_fails_fast(monkeypatch):
 
 
 def test_hub_id_reachable_hub_failure_names_the_cause(monkeypatch):
-    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: None)
+    monkeypatch.setattr("kit.data.hub.hub_unreachable", lambda: None)
     with pytest.raises(ModelError) as info:     # the test process is still offline underneath
         load_backbone("nobody/no-such-model-at-all")
     msg = str(info.value)
@@ -428,7 +430,7 @@ def test_hub_id_reachable_hub_failure_names_the_cause(monkeypatch):
 
 
 def test_local_folder_never_asks_the_hub(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: pytest.fail("hub checked"))
+    monkeypatch.setattr("kit.data.hub.hub_unreachable", lambda: pytest.fail("hub checked"))
     tiny[0].save_pretrained(tmp_path)
     tiny[1].save_pretrained(tmp_path)
     backbone, _ = load_backbone(str(tmp_path))
@@ -437,7 +439,7 @@ def test_local_folder_never_asks_the_hub(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["outputs/zoo/no-such-family", "./no-such-folder", "/no/such"])
 def test_missing_local_folder_is_not_looked_up_on_the_hub(name, monkeypatch):
-    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: pytest.fail("hub checked"))
+    monkeypatch.setattr("kit.data.hub.hub_unreachable", lambda: pytest.fail("hub checked"))
     with pytest.raises(ModelError, match=rf"^model folder {re.escape(repr(name))} does not exist "):
         load_backbone(name)
 

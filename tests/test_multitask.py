@@ -10,17 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kit.backbones import load_backbone
-from kit.config import ConfigError, RunConfig
-from kit.data import collate, encode, load_task_data
-from kit.models import target_loss
-from kit.multitask import (TaskMixer, epoch_table, fit_multitask, per_task_table,
-                           sampling_exponent, task_probabilities, task_schedule)
-from kit.multitask_models import (MultiTaskModel, MultiTaskSpec, TaskGate, adapter_parameters,
-                                  apply_stage, base_qkv_parameters, default_rank, gate_parameters,
-                                  load_multitask, masked_mean)
-from kit.tasks import get_task
-from kit.train import run_dir_of
+from kit.models.backbones import load_backbone
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data.pipeline import collate, encode, load_task_data
+from kit.methods.bert import target_loss
+from kit.train.multitask import (TaskMixer, epoch_table, fit_multitask, per_task_table,
+                                 sampling_exponent, task_probabilities, task_schedule)
+from kit.methods.embert import (MultiTaskModel, MultiTaskSpec, TaskGate, adapter_parameters,
+                                apply_stage, base_qkv_parameters, default_rank, gate_parameters,
+                                load_multitask, masked_mean)
+from kit.config.tasks import get_task
+from kit.train.finetune import run_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 MIX = dict(task="multitask", tasks=("synthetic", "synthetic-pair"), model="tiny",
@@ -276,7 +276,7 @@ def test_fit_multitask_end_to_end(tmp_path):
 
 
 def test_a_run_stopped_after_an_epoch_resumes_to_the_uninterrupted_metrics(tmp_path, monkeypatch):
-    import kit.multitask as multitask
+    import kit.train.multitask as multitask
     settings = {**MIX, "method": "gated", "epochs": 3}
     straight = fit_multitask(RunConfig(**settings, outputs_dir=str(tmp_path / "straight")))
     assert straight["resumed_after_epoch"] is None

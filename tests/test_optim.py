@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from kit.optim import parameter_groups
+from kit.train.optim import parameter_groups
 
 LR, WD, DECAY, L = 1e-3, 0.01, 0.5, 2
 
@@ -97,7 +97,7 @@ class WrappedFamily(nn.Module):
         super().__init__()
         from transformers import AutoModel
 
-        from kit.zoo import FAMILIES
+        from kit.models.zoo import FAMILIES
         torch.manual_seed(0)
         self.backbone = AutoModel.from_config(FAMILIES[family].config(_Ids()))
         self.head = nn.Linear(32, 2)

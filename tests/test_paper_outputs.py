@@ -9,9 +9,10 @@ import nbformat
 import pytest
 import yaml
 
-from kit import batch, mechanism, report, selection, table_sets, writers
-from kit.config import RunConfig
-from kit.paper_table import paper_table_for
+from kit import batch
+from kit.results import mechanism, report, selection, table_sets, writers
+from kit.config.run_config import RunConfig
+from kit.results.paper_table import paper_table_for
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("results", "gamma", "cost", "case_study", "label_quality", "mechanism")
@@ -23,7 +24,7 @@ def outputs(tmp_path_factory):
     """Smoke runs (checkpoints only where the case study needs them), then a gamma grid over
     the smoke settings whose gamma = 1.0 points are the smoke runs themselves (same run ids)."""
     import torch
-    from kit.train import fit
+    from kit.train.finetune import fit
     threads = torch.get_num_threads()
     torch.set_num_threads(1)     # tiny models: one thread is as fast, and far faster when
     root = tmp_path_factory.mktemp("paper")     # other jobs share the cores
@@ -143,7 +144,7 @@ def test_mechanism_notebook(tmp_path):
     """params/mechanism.yaml in miniature: BERT-r, SSA-H and guided BERT-r, 2 seeds, labels
     saved; the notebook writes both tables and the figure."""
     import torch
-    from kit.train import fit
+    from kit.train.finetune import fit
     profile = tmp_path / "mech-mini.yaml"
     profile.write_text(yaml.safe_dump({"description": "test", "grid": [
         {**MECHANISM_GRID, "method": ["bert", "ssa-h"]},
@@ -277,7 +278,7 @@ def test_paper_profiles_hold_the_papers_settings():
 def test_one_call_figures(outputs):
     import matplotlib
     matplotlib.use("Agg")
-    from kit import figures
+    from kit.results import figures
     out = outputs["dir"]
     for fig in (figures.gamma_figure(out, outputs["gamma"]),
                 figures.cost_figure(out, "smoke", loss="loss_target"),
@@ -294,7 +295,7 @@ def test_equal_steps_budget_trains_bert_rs_steps(tmp_path, budget, steps, exampl
     epoch 1: ceil(400 / 32) + ceil(800 / 32) = 13 + 25 optimizer steps. With equal_steps its
     epoch 1 is a 400-row subsample: 13 + 13 steps, as BERT-r takes."""
     import torch
-    from kit.train import fit, run_dir_of
+    from kit.train.finetune import fit, run_dir_of
     before = torch.get_num_threads()
     torch.set_num_threads(1)              # restored: later tests compare runs across processes
     cfg = RunConfig(task="synthetic", model="tiny", method="bert-mask", synthetic_size=400,

@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from kit import accel, loop, run_state, runs
-from kit.accel import (choose_device, explain_mps_errors, machine_device, machine_precision,
-                       make_accelerator, mps_missing_op, resolve_precision)
-from kit.backbones import load_backbone
-from kit.config import RunConfig
-from kit.data import collate, encode, load_task_data
-from kit.loop import predict_logits as _predict_logits
-from kit.models import HeadSpec, SequenceModel
-from kit.train import fit, run_dir_of
-from kit.train import loss_terms as _loss_terms
+from kit.train import accel, loop, run_state
+from kit import runs
+from kit.train.accel import (choose_device, explain_mps_errors, machine_device, machine_precision,
+                             make_accelerator, mps_missing_op, resolve_precision)
+from kit.models.backbones import load_backbone
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import collate, encode, load_task_data
+from kit.train.loop import predict_logits as _predict_logits
+from kit.methods.bert import HeadSpec, SequenceModel
+from kit.train.finetune import fit, run_dir_of
+from kit.train.finetune import loss_terms as _loss_terms
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU branch of auto")
 REPO = Path(__file__).resolve().parents[1]
@@ -103,12 +104,12 @@ def test_tf32_is_set_per_run_on_cuda_only(device, requested, tf32):
 
 @pytest.mark.parametrize("mps, cpu", [(True, False), (False, True)])
 def test_the_process_state_is_on_the_run_device(monkeypatch, mps, cpu):
-    """kit.runs.process_state (the lock / broadcast frame of every run) and the Accelerator
+    """kit.train.accel.process_state (the lock / broadcast frame of every run) and the Accelerator
     must agree on the device: accelerate keeps the first one a process asks for."""
     import accelerate
     _machine(monkeypatch, cuda=False, mps=mps)
     monkeypatch.setattr(accelerate, "PartialState", lambda cpu: {"cpu": cpu})
-    assert runs.process_state() == {"cpu": cpu}
+    assert accel.process_state() == {"cpu": cpu}
 
 
 def test_memory_on_mps_is_the_metal_drivers(monkeypatch):
@@ -150,7 +151,7 @@ def test_a_missing_mps_operator_is_one_line_naming_it_and_the_variable():
 
 
 def test_a_run_failing_on_a_missing_mps_operator_records_that_line(tmp_path, monkeypatch):
-    import kit.train as train
+    import kit.train.finetune as train
 
     def missing(*args):
         raise NotImplementedError(MPS_ERROR)
@@ -284,7 +285,7 @@ def test_a_non_finite_loss_still_stops_the_run_under_fp16(precision, hint):
 
 
 def overflow_once(made: list):
-    """kit.loop.make_accelerator whose first backward overflows (inf gradients everywhere, the
+    """kit.train.loop.make_accelerator whose first backward overflows (inf gradients everywhere, the
     loss itself finite): the scaler must skip that step. Appends each accelerator to `made`."""
     def make(*args, **kwargs):
         accelerator = make_accelerator(*args, **kwargs)
@@ -336,8 +337,8 @@ def test_kill_9_after_an_fp16_checkpoint_resumes_the_loss_scale_exactly(tmp_path
     killed = RunConfig(**FP16, outputs_dir=str(tmp_path / "killed"))
     script = (f"import sys, os, signal, torch; torch.set_num_threads({torch.get_num_threads()}); "
               "sys.path.insert(0, 'tests'); from test_precision import overflow_once; "
-              "from kit import loop, run_state; from kit.config import RunConfig; "
-              "from kit.train import fit; loop.make_accelerator = overflow_once([]); "
+              "from kit.train import loop, run_state; from kit.config.run_config import RunConfig; "
+              "from kit.train.finetune import fit; loop.make_accelerator = overflow_once([]); "
               "save = run_state.save_checkpoints; "
               "run_state.save_checkpoints = lambda *a: (save(*a), "
               "os.kill(os.getpid(), signal.SIGKILL)); "

@@ -10,18 +10,18 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from kit import zoo
-from kit.backbones import ModelError, load_backbone
-from kit.config import RunConfig
-from kit.data import glue_source
-from kit.model_io import load_trained, save_model
-from kit.models import HeadSpec, SequenceModel
-from kit.multitask_models import MultiTaskModel, MultiTaskSpec, load_multitask
+from kit.models import zoo
+from kit.models.backbones import ModelError, load_backbone
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import glue_source
+from kit.methods.bert import HeadSpec, SequenceModel, load_trained
+from kit.models.model_io import save_model
+from kit.methods.embert import MultiTaskModel, MultiTaskSpec, load_multitask
 from kit.predict import as_frame, as_split, main, predict, predict_logits, run_text_columns
-from kit.readers import DataError, read_glue_split
-from kit.synthetic import generate
-from kit.tasks import get_task
-from kit.train import fit, run_dir_of
+from kit.data.readers import DataError, read_glue_split
+from kit.data.synthetic import generate
+from kit.config.tasks import get_task
+from kit.train.finetune import fit, run_dir_of
 
 RUN = dict(model="tiny", epochs=1, lr=5e-3, batch_size=16, save_checkpoints=True)
 

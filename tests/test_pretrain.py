@@ -1,4 +1,4 @@
-"""Task-adaptive masked-LM pretraining (method mlm, kit.pretrain): its config rules and text,
+"""Task-adaptive masked-LM pretraining (method mlm, kit.train.pretrain): its config rules and text,
 transformers' masking seeded per batch, a run end to end whose folder AutoModelForMaskedLM
 loads and a fine-tuning run takes as `model`, kill -9 resume, 2 processes (gloo), and a profile
 whose fine-tuning point loads the folder its pretraining point wrote."""
@@ -17,12 +17,12 @@ import torch
 
 from kit import batch
 from kit import run as krun
-from kit.backbones import ModelError, load_tokenizer
-from kit.config import ConfigError, RunConfig
-from kit.pretrain_data import Masker, load_text, mask_all
-from kit.readers import DataError
+from kit.models.backbones import ModelError, load_tokenizer
+from kit.config.run_config import ConfigError, RunConfig
+from kit.methods.mlm import Masker, load_text, mask_all
+from kit.data.readers import DataError
 from kit.runs import checkpoint_dir, run_dir_of
-from kit.train import fit
+from kit.train.finetune import fit
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SSA_KIT_PROGRESS": "off"}
@@ -203,7 +203,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(tmp_path):
     killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
     run = run_dir_of(killed)
     script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-              f"from kit.config import RunConfig; from kit.train import fit; "
+              f"from kit.config.run_config import RunConfig; from kit.train.finetune import fit; "
               f"fit(RunConfig(**{killed.to_dict()!r}))")
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV,

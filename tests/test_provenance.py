@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from kit import batch, provenance, report, runs, table_sets, writers
-from kit.config import RunConfig
-from kit.train import fit, run_dir_of
+from kit import batch, runs
+from kit.train import provenance
+from kit.results import report, table_sets, writers
+from kit.config.run_config import RunConfig
+from kit.train.finetune import fit, run_dir_of
 
 FIELDS = {"kit_commit", "kit_dirty", "python", "torch", "transformers", "accelerate", "datasets",
           "cpu", "threads", "gpu", "processes"}
@@ -75,7 +77,7 @@ def test_a_finished_run_records_where_it_was_made(tmp_path):
 def test_a_failed_run_records_where_it_failed(tmp_path):
     cfg = RunConfig(task="synthetic", model="tiny", outputs_dir=str(tmp_path))
     runs.make_run_dir(cfg)
-    runs.record_failed(cfg, "RuntimeError: boom", processes=2)
+    runs.record_failed(cfg, "RuntimeError: boom", environment=provenance.environment(2))
     record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert record["status"] == "failed" and set(record["environment"]) == FIELDS
     assert record["environment"]["processes"] == 2

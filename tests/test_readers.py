@@ -1,4 +1,4 @@
-"""Tests of kit.readers, kit.hub and kit.csv_reader on the real GLUE files, on small fixtures
+"""Tests of kit.data.readers, kit.data.hub and kit.data.csv_reader on the real GLUE files, on small fixtures
 and on broken files.
 
 The real files (GLUE_DIR, see conftest.py) are checked against the counts in SOURCES.md.
@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit.csv_reader import read_csv_split
-from kit.hub import read_hub_split, split_from_hub
-from kit.readers import DataError, read_glue_split
-from kit.tasks import GLUE_TASKS
+from kit.data.csv_reader import read_csv_split
+from kit.data.hub import read_hub_split, split_from_hub
+from kit.data.readers import DataError, read_glue_split
+from kit.config.tasks import GLUE_TASKS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 
@@ -333,7 +333,7 @@ def test_hub_reader_asks_for_the_hub_split_and_remaps(monkeypatch):
         return datasets.Dataset.from_dict(
             {"premise": ["p"], "hypothesis": ["h"], "label": [2], "idx": [7]}, features=features)
 
-    monkeypatch.setattr("kit.hub.hub_unreachable", lambda: None)
+    monkeypatch.setattr("kit.data.hub.hub_unreachable", lambda: None)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     s = read_hub_split(GLUE_TASKS["MNLI"], "dev_mismatched")
     assert calls == [("nyu-mll/glue", "mnli", "validation_mismatched")]

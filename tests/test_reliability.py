@@ -16,8 +16,8 @@ import torch
 
 from kit import batch
 from kit import io as kio
-from kit.config import RunConfig
-from kit.train import CheckpointError, RunLocked, fit, run_dir_of
+from kit.config.run_config import RunConfig
+from kit.train.finetune import CheckpointError, RunLocked, fit, run_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 KILLABLE = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=4000, epochs=3,
@@ -38,7 +38,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(tmp_path)
     # the same number of threads as this process: float sums depend on it, and the resumed
     # and the straight run continue in this process
     script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-              f"from kit.config import RunConfig; from kit.train import fit; "
+              f"from kit.config.run_config import RunConfig; from kit.train.finetune import fit; "
               f"fit(RunConfig(**{killed.to_dict()!r}))")
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO,

@@ -1,4 +1,4 @@
-"""kit.report, kit.selection, kit.writers and kit.tables on hand-made run folders, and the
+"""kit.results.report, kit.results.selection, kit.results.writers and kit.results.tables on hand-made run folders, and the
 paper's numbers against the paper's text."""
 import json
 import os
@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
-from kit.report import load_runs
-from kit.selection import select_by_best_dev, select_by_three_subsets
-from kit.paper_table import paper_table
-from kit.stats import significance_mark, welch_test
-from kit.tables import budget_view, comparisons, epoch_table, runs_table, summary_table
-from kit.writers import write_tables
+from kit.results.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
+from kit.results.report import load_runs
+from kit.results.selection import select_by_best_dev, select_by_three_subsets
+from kit.results.paper_table import paper_table
+from kit.results.stats import significance_mark, welch_test
+from kit.results.tables import budget_view, comparisons, epoch_table, runs_table, summary_table
+from kit.results.writers import write_tables
 
 # The paper's table rows, copied verbatim from its text into the project (tests read nothing
 # outside the clone).
@@ -128,8 +128,8 @@ def test_unknown_status_is_refused(tmp_path):
 
 def test_tables_never_import_torch():
     # In a fresh interpreter: this test session may have imported torch for other tests.
-    code = ("import sys, kit.report, kit.selection, kit.fold_tables, kit.table_sets, kit.writers, "
-            "kit.figure_data, kit.token_view; sys.exit('torch' in sys.modules)")
+    code = ("import sys, kit.results.report, kit.results.selection, kit.results.fold_tables, kit.results.table_sets, kit.results.writers, "
+            "kit.results.figure_data, kit.results.token_view; sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from kit import run as krun
-from kit.config import ConfigError, RunConfig
-from kit.config_rules import CHOICES
-from kit.train import run_dir_of
+from kit.config.run_config import ConfigError, RunConfig
+from kit.config.rules import CHOICES
+from kit.train.finetune import run_dir_of
 
 
 def test_values_take_the_type_of_their_field():
@@ -132,7 +132,7 @@ def test_finetune_parameters_cell_lists_every_field_with_its_default():
 def test_finetune_defaults_give_an_ssa_run_that_labels_tokens(tmp_path):
     """The notebook as shipped: SSA-H probes, some masked variants flip, tokens get label 1,
     and the synthetic task's cue words get label 1 more often than the distractors."""
-    from kit.train import fit
+    from kit.train.finetune import fit
     params = {**notebook_parameters(FINETUNE), "outputs_dir": str(tmp_path),
               "save_checkpoints": False}
     metrics = fit(RunConfig.from_namespace(params))
@@ -161,7 +161,7 @@ def test_an_uncached_hub_model_offline_is_one_line_before_any_kernel(tmp_path, m
 
 def test_a_cached_hub_model_passes_the_offline_check(tmp_path, monkeypatch):
     import huggingface_hub.constants
-    from kit.backbones import check_hub_model
+    from kit.models.backbones import check_hub_model
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     repo = tmp_path / "models--org--encoder"            # the hub cache's layout

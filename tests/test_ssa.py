@@ -3,17 +3,18 @@ hand-made predictions (a fake model whose prediction flips exactly when a chosen
 import numpy as np
 import pytest
 
-from kit.config import RunConfig
-from kit.data import IGNORE, Examples
-from kit.masking import (Masking, draw_masks, masked_copies, ratio_masks, real_tokens, span_masks,
-                         variant_counts)
-from kit.ssa import SSASettings, build_epoch, code_share
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import IGNORE, Examples
+from kit.methods.bert_mask import (Masking, draw_masks, masked_copies, ratio_masks, real_tokens,
+                                   span_masks, variant_counts)
+from kit.methods.ssa import SSASettings, code_share
+from kit.methods.epochs import build_epoch
 
 MASK, CLS, SEP, CUE = 103, 101, 102, 7
 
 
 def settings(**knobs) -> SSASettings:
-    """A run's SSA settings as kit.train builds them: RunConfig's defaults plus `knobs`."""
+    """A run's SSA settings as kit.train.finetune builds them: RunConfig's defaults plus `knobs`."""
     return SSASettings.from_config(RunConfig(**knobs))
 
 

@@ -1,4 +1,4 @@
-"""kit.stats: Welch's t-test, the permutation test, Holm-Bonferroni and the marks, against values
+"""kit.results.stats: Welch's t-test, the permutation test, Holm-Bonferroni and the marks, against values
 worked out by hand."""
 import math
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from kit.stats import holm, is_constant, permutation_test, significance_mark, welch_test
+from kit.results.stats import holm, is_constant, permutation_test, significance_mark, welch_test
 
 
 def test_welch_test_matches_the_formula():

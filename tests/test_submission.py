@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kit import submission
-from kit.report import load_runs
-from kit.submission import GLUE_TEST_ROWS, SubmissionError, build_submissions
-from kit.tasks import GLUE_TASKS, Split
+from kit.results import submission
+from kit.results.report import load_runs
+from kit.results.submission import GLUE_TEST_ROWS, SubmissionError, build_submissions
+from kit.config.tasks import GLUE_TASKS, Split
 
 LABELS = {"RTE": ["entailment", "not_entailment"], "CoLA": ["0", "1"],
           "MNLI": ["contradiction", "entailment", "neutral"], "WNLI": ["0", "1"]}

@@ -1,9 +1,9 @@
-"""Tests of kit.synthetic: the generated tasks and their ground-truth importance masks."""
+"""Tests of kit.data.synthetic: the generated tasks and their ground-truth importance masks."""
 import numpy as np
 import pytest
 
-from kit import synthetic
-from kit.synthetic import COLOURS, DISTRACTORS, NEGATIONS, NEGATIVE, POSITIVE, generate
+from kit.data import synthetic
+from kit.data.synthetic import COLOURS, DISTRACTORS, NEGATIONS, NEGATIVE, POSITIVE, generate
 
 
 def polarity_label(words: list[str]) -> tuple[int, list[int]]:
@@ -204,8 +204,8 @@ def test_distractor_count(pair):
 
 
 def test_run_config_fields_reach_the_generator():
-    from kit.config import ConfigError, RunConfig
-    from kit.data import load_task_data
+    from kit.config.run_config import ConfigError, RunConfig
+    from kit.data.pipeline import load_task_data
     data = load_task_data(RunConfig(task="synthetic", synthetic_size=400, synthetic_spurious=1.0,
                                     synthetic_distractors=20))
     np.testing.assert_array_equal(has_spurious(data.train), data.train.labels.astype(bool))
@@ -222,7 +222,7 @@ def test_run_config_fields_reach_the_generator():
 # ---------------------------------------------------------------- SSA labels against the true mask
 
 def test_label_precision_recall_by_hand():
-    from kit.ssa import label_precision_recall
+    from kit.methods.ssa import label_precision_recall
     labels = np.array([1, 1, 1, 0, 0, 1, 0])
     truth = np.array([1, 0, 1, 1, 0, 0, 0])
     # labelled 1: positions 0, 1, 2, 5 -> cues at 0, 2: precision 2/4; cues 0, 2, 3 -> 2/3
@@ -232,8 +232,8 @@ def test_label_precision_recall_by_hand():
 
 
 def test_label_stats_carry_precision_and_recall():
-    from kit.data import IGNORE, Examples
-    from kit.ssa import LabelStats
+    from kit.data.pipeline import IGNORE, Examples
+    from kit.methods.ssa import LabelStats
     ssa = Examples(input_ids=[np.arange(5), np.arange(4)], token_type_ids=None,
                    special=[np.zeros(5, bool), np.zeros(4, bool)], labels=np.array([0, 1]),
                    ssa_labels=[np.array([IGNORE, 1, 0, 1, IGNORE]), np.array([1, IGNORE, 0, 0])],

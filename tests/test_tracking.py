@@ -3,9 +3,9 @@ own event reader; report_to choices; a tracker that is not installed is one line
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kit import tracking
-from kit.config import ConfigError, RunConfig
-from kit.train import fit
+from kit.train import tracking
+from kit.config.run_config import ConfigError, RunConfig
+from kit.train.finetune import fit
 
 TINY = dict(task="synthetic", model="tiny", synthetic_size=64, epochs=2, lr=5e-3, log_every=1,
             save_checkpoints=False)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from kit.config import RunConfig
-from kit.loop import NonFiniteLoss
-from kit.train import fit, run_dir_of
+from kit.config.run_config import RunConfig
+from kit.train.loop import NonFiniteLoss
+from kit.train.finetune import fit, run_dir_of
 
 TINY = dict(task="synthetic", model="tiny", synthetic_size=400, epochs=2, lr=5e-3,
             save_checkpoints=False)
@@ -34,7 +34,7 @@ def test_same_seed_same_metrics_and_skip_finished(tmp_path):
 def test_dropout_on_while_training_off_while_evaluating_every_epoch(tmp_path, monkeypatch):
     """Record the mode of the backbone whenever it runs with gradients (training) or without
     (probing, evaluation)."""
-    import kit.models as models
+    import kit.methods.bert as models
     seen = []
     original = models.SequenceModel.forward
 
@@ -79,7 +79,7 @@ def test_output_contract(tmp_path):
 
 
 def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
-    import kit.train as train
+    import kit.train.finetune as train
     monkeypatch.setattr(train, "target_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True))
     cfg = RunConfig(**TINY, outputs_dir=str(tmp_path))
     with pytest.raises(NonFiniteLoss, match="epoch 0 step 0"):

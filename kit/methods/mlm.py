@@ -1,6 +1,144 @@
-"""Masked-LM pretraining on a task's text (task-adaptive pretraining, TAPT; with the dev / test
-text too, Kaggle's ITPT): no labels, no sentence head. Its run writes an adapted encoder that a
-fine-tuning run takes as `model` (kit.pretrain)."""
-from kit.methods.base import Method
+"""The text a masked-LM pretraining run (method mlm, kit.train.pretrain) reads, and its masking.
 
-METHOD = Method("mlm", "MLM (TAPT)", "tab:olive", "P", pretrain=True)
+Text: the task's train split through the task's own reader (GLUE TSVs, a CSV's text columns
+with or without a target, the synthetic task), capped by max_train_examples; with
+`pretrain_eval_text` also the dev and test splits' text, labels unused (Kaggle's ITPT). The dev
+text is the held-out set whose masked-LM loss is reported per epoch. Blank rows are dropped (no
+token to mask); a task left with no text is one DataError line, in the batch's pre-flight.
+
+Masking: transformers' DataCollatorForLanguageModeling (mlm_probability of the real tokens;
+80% [MASK], 10% a random token, 10% kept; optionally whole words), on a batch the loop already
+padded, with the torch RNG seeded from the caller's seed: training seeds it from (seed, epoch,
+the batch's rows), so a resumed run masks what the uninterrupted one did, whatever else drew
+random numbers in between.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kit.models.backbones import ModelError
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import load_task_data, pad_rows
+from kit.data.readers import DataError
+from kit.config.tasks import Split, Task
+
+
+@dataclass
+class PretrainText:
+    task: Task
+    train: list[Split]              # trained on: train (+ dev and test with pretrain_eval_text)
+    heldout: list[Split]            # the dev split(s): the held-out masked-LM loss
+
+    def rows(self) -> dict[str, int]:
+        return {"train_rows": sum(map(len, self.train)),
+                "heldout_rows": sum(map(len, self.heldout))}
+
+
+def load_text(cfg: RunConfig) -> PretrainText:
+    """The run's text (see the module docstring); DataError when a part has none."""
+    data = load_task_data(cfg)
+    columns = cfg.csv_text_columns if data.task.kind == "csv" else data.task.text_columns
+    extra = [*data.dev.values(), *data.test.values()] if cfg.pretrain_eval_text else []
+    train = [with_text(split, columns) for split in [data.train, *extra]]
+    return PretrainText(data.task, train,
+                        [with_text(split, columns) for split in data.dev.values()])
+
+
+def with_text(split: Split, columns) -> Split:
+    """The rows of `split` with some text; a split with none is an error naming its columns."""
+    texts = [split.text_a] + ([] if split.text_b is None else [split.text_b])
+    keep = [i for i, row in enumerate(zip(*texts)) if any(t.strip() for t in row)]
+    if not keep:
+        raise DataError(f"{split.source}: no text to pretrain on in column(s) "
+                        f"{', '.join(map(repr, columns))} ({len(split)} rows, all empty)")
+    return split if len(keep) == len(split) else split.subset(keep)
+
+
+def word_offsets(tokenizer, split: Split, max_length: int, ids: list[np.ndarray]
+                 ) -> list[np.ndarray]:
+    """Each row's (start, end) character offsets per token: where whole-word masking finds the
+    words (a token that starts where the previous one ended continues its word), for every
+    tokenizer kind alike. Tokenized like kit.data.token_cache, and checked against its ids."""
+    try:
+        enc = tokenizer(split.text_a, split.text_b, truncation=True, max_length=max_length,
+                        return_offsets_mapping=True)
+    except NotImplementedError:      # a slow (Python) tokenizer has no offsets
+        raise ModelError("whole_word_mask needs a fast tokenizer (character offsets); this "
+                         "model's tokenizer is a slow one") from None
+    out = []
+    for row, (got, offsets) in enumerate(zip(enc["input_ids"], enc["offset_mapping"])):
+        if got != ids[row].tolist():
+            raise RuntimeError(f"{split.source}: tokenization with offsets differs at row {row}")
+        out.append(np.asarray(offsets, dtype=np.int64).reshape(-1, 2))
+    return out
+
+
+def seed_of(*parts: int) -> int:
+    """One 64-bit seed from non-negative integers (np.random.SeedSequence mixes them)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint64)[0])
+
+
+class Masker:
+    """transformers' masking of a padded batch, with the torch RNG seeded per call and the
+    process's own RNG left where it was (dropout's stream does not depend on masking)."""
+
+    def __init__(self, tokenizer, probability: float, whole_word: bool):
+        from transformers import DataCollatorForLanguageModeling
+        if tokenizer.mask_token is None:
+            raise ModelError("this model's tokenizer has no mask token; masked-LM pretraining "
+                             "needs one")
+        options = {"mlm_probability": probability}
+        if whole_word:
+            if "whole_word_mask" not in DataCollatorForLanguageModeling.__dataclass_fields__:
+                raise ModelError("whole_word_mask needs transformers >= 5 (its collator's "
+                                 "whole_word_mask option)")
+            options["whole_word_mask"] = True
+        with warnings.catch_warnings():     # whole words: all [MASK] (transformers' choice)
+            warnings.simplefilter("ignore")
+            self.collator = DataCollatorForLanguageModeling(tokenizer, **options)
+        self.whole_word = whole_word
+
+    def __call__(self, input_ids: torch.Tensor, special: torch.Tensor,
+                 offsets: torch.Tensor | None, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(masked input ids, labels: the original id where masked, -100 elsewhere) of a padded
+        CPU batch; `special` is True on special tokens and padding, which are never masked."""
+        extra = {"offset_mapping": offsets} if self.whole_word else {}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.collator.torch_mask_tokens(input_ids.clone(),
+                                                   special_tokens_mask=special.long(), **extra)
+
+
+def padded_offsets(offsets: list[np.ndarray] | None, rows) -> torch.Tensor | None:
+    """The rows' token offsets padded like their ids ([rows, longest, 2]; padding (0, 0))."""
+    if offsets is None:
+        return None
+    picked = [offsets[i] for i in rows]
+    longest = max((len(x) for x in picked), default=0)
+    out = np.zeros((len(picked), longest, 2), dtype=np.int64)
+    for i, x in enumerate(picked):
+        out[i, :len(x)] = x
+    return torch.from_numpy(out)
+
+
+def mask_all(masker: Masker, ids: list[np.ndarray], special: list[np.ndarray],
+             offsets: list[np.ndarray] | None, pad_id: int, seed: int, chunk: int = 256
+             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every row masked once, per row unpadded: (masked ids, labels). For the held-out text:
+    masked the same way in every epoch, for any batch size or number of processes (fixed
+    chunks of rows, chunk k seeded with (seed, k); chunks bound whole-word masking's
+    [rows, length, length] work)."""
+    masked, labels = [], []
+    for k, start in enumerate(range(0, len(ids), chunk)):
+        rows = range(start, min(start + chunk, len(ids)))
+        got_ids, got_labels = masker(
+            torch.from_numpy(pad_rows([ids[i] for i in rows], pad_id, np.int64)),
+            torch.from_numpy(pad_rows([special[i] for i in rows], True, bool)),
+            padded_offsets(offsets, rows), seed_of(seed, k))
+        masked += [got_ids[j, :len(ids[i])].numpy().copy() for j, i in enumerate(rows)]
+        labels += [got_labels[j, :len(ids[i])].numpy().copy() for j, i in enumerate(rows)]
+    return masked, labels

@@ -1,0 +1,4 @@
+"""What a run is asked to do: RunConfig, every knob checked once (run_config, rules), the task
+registry (tasks) and profiles, YAML grids of validated points (profiles).
+Imports nothing of the kit but the method registry's table (kit.methods, data only): the layer
+every other one reads."""

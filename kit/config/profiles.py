@@ -1,0 +1,174 @@
+"""Profiles: a YAML grid of notebook parameters -> the list of validated grid points.
+
+    description: ...            free text
+    notebook: finetune          notebooks/<name>.ipynb runs each point; `auto`: each point the
+                                notebook of its kind (`point_notebook`: pretrain, multitask ...)
+    skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
+    figures: [label-quality]    figures the batch draws after its tables (label-quality, cost,
+                                gamma: kit.batch._figure)
+    grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
+    task_overrides: {RTE: {lr: 2.0e-5}}
+
+Every point is validated by RunConfig before anything runs, so a typo stops the batch in
+seconds with one line naming the file and the parameter.
+
+`{outputs}` in a text value is the batch's outputs folder (absolute; `--outputs`): a pretraining
+point writes `adapted_dir: "{outputs}/adapted/NAME"` and a later point of the same profile
+fine-tunes `model: "{outputs}/adapted/NAME"` (the points run in order; params/tapt-smoke.yaml).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kit import methods
+from kit.config.run_config import ConfigError, RunConfig
+from kit.config.tasks import canonical_task_name
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
+                "figures"}
+
+
+class YamlLoader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-5` as a string; accept exponent floats without a dot."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."))
+
+
+OUTPUTS = "{outputs}"               # in a point's text values: the batch's outputs folder
+
+
+def point_notebook(cfg: RunConfig) -> Path:
+    """The notebook of a point's kind: pretrain (masked-LM pretraining), multitask (embert /
+    gated), kaggle_csv (a k-fold CSV run), else finetune."""
+    kind = methods.get(cfg.method)
+    name = ("pretrain" if kind.pretrain else "multitask" if kind.multitask
+            else "kaggle_csv" if cfg.task == "csv" and cfg.n_folds else "finetune")
+    return REPO / "notebooks" / f"{name}.ipynb"
+
+
+@dataclass
+class Profile:
+    name: str
+    path: Path
+    notebook: Path | None              # None (`notebook: auto`): each point's point_notebook
+    points: list[dict]                 # notebook parameters per run
+    skip_missing_tasks: bool
+    figures: tuple[str, ...] = ()
+
+    def notebook_for(self, cfg: RunConfig) -> Path:
+        return self.notebook or point_notebook(cfg)
+
+
+def profile_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    path = REPO / "params" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in (REPO / "params").glob("*.yaml")))
+        raise ConfigError(f"unknown profile {name!r}: choose one of {known} (files in params/)")
+    return path
+
+
+def _yaml_error(path: Path, err: yaml.YAMLError) -> str:
+    """PyYAML's problem and position in one line: `x.yaml: line 3, column 9: expected ...`."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"{path}: not valid YAML: {where}{problem}" + (f" ({context})" if context else "")
+
+
+def read_spec(path: Path) -> dict:
+    try:
+        spec = yaml.load(path.read_text(), Loader=YamlLoader) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_error(path, err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read it ({err})") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{path}: expected a mapping of {', '.join(sorted(PROFILE_KEYS))}, "
+                          f"got a {type(spec).__name__}")
+    unknown = set(map(str, spec)) - PROFILE_KEYS
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    if unknown & fields:
+        raise ConfigError(f"{path}: {', '.join(sorted(unknown & fields))} at the top level: run "
+                          "parameters go under `grid:` (e.g. grid: {task: RTE, lr: 1.0e-4})")
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"allowed: {', '.join(sorted(PROFILE_KEYS))}")
+    return spec
+
+
+def _grids(path: Path, spec: dict) -> list[dict]:
+    grids = spec.get("grid") or {}
+    grids = grids if isinstance(grids, list) else [grids]   # a list of grids: their union
+    for grid in grids:
+        if not isinstance(grid, dict):
+            raise ConfigError(f"{path}: `grid` must be a mapping of parameter: value(s), or a "
+                              f"list of such mappings; got {grid!r}")
+    overrides = spec.get("task_overrides") or {}
+    if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
+        raise ConfigError(f"{path}: `task_overrides` must map a task to parameter: value, "
+                          "e.g. {RTE: {lr: 2.0e-5}}")
+    return grids
+
+
+def _overrides_for(overrides: dict, task) -> dict:
+    """A task's overrides, whichever spelling the grid and the overrides use (sst2 / SST-2)."""
+    def key(name) -> str:
+        try:
+            return canonical_task_name(str(name))
+        except ValueError:
+            return str(name)
+    return next((v for k, v in overrides.items() if key(k) == key(task)), {}) if task else {}
+
+
+def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
+    path = profile_path(name)
+    spec = read_spec(path)
+    points, seen = [], set()
+    for grid in _grids(path, spec):
+        axes = {str(k): v if isinstance(v, list) else [v] for k, v in grid.items()}
+        for values in itertools.product(*axes.values()):
+            point = dict(zip(axes, values))
+            point.update(_overrides_for(spec.get("task_overrides") or {}, point.get("task")))
+            point = {k: v.replace(OUTPUTS, str(Path(outputs_dir).resolve()))
+                     if isinstance(v, str) else v for k, v in point.items()}
+            point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
+            try:
+                run_id = RunConfig.from_dict(point).run_id   # validate every point up front
+            except (ConfigError, TypeError) as err:
+                raise ConfigError(f"{path}: {err}") from None
+            if run_id not in seen:           # grids of a list may overlap
+                seen.add(run_id)
+                points.append(point)
+    name = spec.get("notebook", "finetune")
+    notebook = None if name == "auto" else REPO / "notebooks" / f"{name}.ipynb"
+    if notebook is not None and not notebook.exists():
+        raise ConfigError(f"{path}: notebook {notebook.name} not found in notebooks/")
+    figures = spec.get("figures") or []
+    figures = tuple(figures if isinstance(figures, list) else [figures])
+    return Profile(path.stem, path, notebook, points, bool(spec.get("skip_missing_tasks", False)),
+                   figures)
+
+
+def shard(points: list, spec: str | None) -> list:
+    """`i/n` keeps points i, i+n, i+2n ... (0 <= i < n): shards of a grid, no coordinator."""
+    if not spec:
+        return points
+    match = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if not match or not int(match[1]) < int(match[2]):
+        raise ConfigError(f"--shard {spec!r}: expected i/n with 0 <= i < n, e.g. 0/4")
+    return points[int(match[1])::int(match[2])]

@@ -1,0 +1,261 @@
+"""One typed, validated config for every knob of a run.
+
+`RunConfig.from_dict` is the only way parameters (notebook, YAML profile, test) become a run:
+unknown names, wrong types and out-of-range values stop here with a one-line error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import hashlib
+import json
+import typing
+from dataclasses import dataclass
+
+from kit.config import rules as config_rules
+from kit import methods
+from kit.config.tasks import canonical_task_name
+
+RESULTS_VERSION = 4  # bump when a default or the training code changes what a config computes
+# 4: one loop without DataLoaders (kit.train.loop): torch's RNG is no longer drawn per loader, so
+#    dropout streams, and results, differ from version 3 like another seed
+METHODS = methods.names()                       # the registry: kit/methods/__init__.py
+SSA_METHODS = methods.names(epoch="ssa-labels")
+MULTITASK_METHODS = methods.names(multitask=True)   # kit.train.multitask; task="multitask"
+
+
+class ConfigError(ValueError):
+    """A bad parameter; the message is one line naming the parameter."""
+
+
+# Names other tools use for a RunConfig field (transformers' TrainingArguments, run_glue.py,
+# the SSA and StructBERT scripts). They are answered with "did you mean 'lr'?", not accepted:
+# one spelling per knob keeps profiles, notebook parameters and tables unambiguous.
+PARAMETER_ALIASES = {
+    "learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": "epochs",
+    "n_epochs": "epochs", "per_device_train_batch_size": "batch_size",
+    "train_batch_size": "batch_size", "per_device_eval_batch_size": "eval_batch_size",
+    "model_name_or_path": "model", "model_name": "model", "task_name": "task",
+    "max_seq_length": "max_length", "max_seq_len": "max_length", "warmup": "warmup_ratio",
+    "warmup_proportion": "warmup_ratio", "gradient_accumulation_steps": "grad_accum",
+    "output_dir": "outputs_dir", "logging_steps": "log_every", "data_dir": "glue_dir",
+    "lr_decay_factor": "layer_decay", "num_folds": "n_folds",
+    "text_columns": "csv_text_columns", "target_column": "csv_target",
+    "label_column": "csv_target", "id_column": "csv_id_column", "do_predict": "predict_test",
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    # what to run
+    task: str = "synthetic"            # GLUE name (RTE, SST-2 ...), synthetic, synthetic-pair, csv
+    model: str = "minilm"              # minilm (embedded), tiny (random, tests), hub id, local folder
+    method: str = "bert"               # bert | bert-mask | ssa-co | ssa-h; mlm: masked-LM
+                                       # pretraining on the task's text (TAPT, kit.train.pretrain)
+    seed: int = 0
+    # data
+    glue_dir: str = ""                 # local GLUE folder; "" -> $GLUE_DIR, else the hub; "hub" forces hub
+    max_train_examples: int = 0        # 0 = all; else the first N (seeded shuffle) of train
+    max_length: int = 128
+    synthetic_size: int = 2000         # train examples of the synthetic task (dev is a quarter)
+    synthetic_spurious: float = 0.0    # synthetic: train phi correlation of a shortcut word with
+                                       # the label (dev: independent); 0 = no shortcut word
+    synthetic_distractors: int = 0     # synthetic: distractor words per sentence, N-3..N+3; 0 = 5-11
+    csv_path: str = ""
+    csv_text_columns: tuple[str, ...] = ()
+    csv_target: str = ""
+    csv_regression: bool = True
+    csv_test_path: str = ""            # a test CSV (text columns + id column): submission.csv
+    csv_id_column: str = "id"          # the test CSV's id column, first column of submission.csv
+    csv_metric: str = ""               # selection metric; "" = rmse (regression), mean of
+                                       # accuracy and f1_macro (classification); choices:
+                                       # config_rules.CSV_METRICS
+    # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see
+    # kit.data.folds)
+    n_folds: int = 0                   # 0 = no folds: a seeded 80/20 split; else k >= 2 folds
+    fold: int = 0                      # with n_folds: the fold that is dev (train = every other row)
+    csv_fold_column: str = ""          # a fold column of the CSV; "" = assigned (fixed seed 0,
+                                       # stratified: classes / target quantile bins)
+    # optimisation
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    grad_accum: int = 1
+    layer_decay: float = 1.0           # layer-wise lr decay (StructBERT lr_decay_factor); 1 = off
+    freeze_layers: int = 0             # freeze the N lowest modules (embeddings count as the first)
+    group_by_length: bool = True
+    mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
+                                       # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
+    compile: bool = False              # torch.compile the model (dynamic shapes); pays off on GPUs
+    # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
+    alpha: float = 0.7                 # loss = alpha * L_target + (1 - alpha) * L_SSA
+    beta: float = 0.5                  # hybrid: R_o = beta * R_CLS + (1 - beta) * sum_i w_i R_i
+    gamma: float = 1.0                 # masked variants per kept sentence per epoch
+    mask_ratio: float = 0.3            # share of real word-pieces masked per variant ("ratio" scheme)
+    mask_scheme: str = "ratio"         # ratio | spans (released code: aug/rm thresholds, quartiles)
+    label_rule: str = "paper"          # paper (masked: flip -> 1, else 0) | code (see docs/ssa.md)
+    label_merge: str = "union"         # union: labels ride on the sentence | variant: extra examples
+    hybrid_weighting: str = "paper"    # paper: softmax of p(important) | code: of p>=thr | logodds
+    attention_threshold: float = 0.3   # code weighting: tokens with p(important) below are dropped
+    share_weight: bool = True          # False: one SSA classifier per position (code's share_weight=0)
+    ssa_start_epoch: int = 1           # first epoch (0-based) trained with generated data
+    regression_tolerance: float = 0.3  # regression: "correct" and "unchanged" mean within this
+    aug_threshold: float = 0.1         # spans scheme: chance a word-piece starts a masked span
+    rm_threshold: float = 0.7          # spans scheme: span length 1 / 2 / 3 with p 0.4 / 0.3 / 0.3
+    code_share_step: float = 0.2       # code rule: share of SSA examples grows by this per epoch
+    code_share_max: float = 0.8
+    save_labels: bool = False          # write generated SSA labels per epoch into the run folder
+    reuse_labels_from: str = ""        # a run folder whose saved labels replace probing
+    budget: str = "epochs"             # epochs | equal_steps: every epoch trains len(train) rows
+                                       # (BERT-mask's / variant-merge SSA's epochs subsampled)
+    # attention guiding (Wang et al. 2022), on top of any method
+    guide_loss: str = "task"           # task | task+pd | task+ad | task+both
+    pd_factor: float = 0.001
+    ad_factor: float = 0.001
+    # multi-task (methods embert / gated, kit.train.multitask): `task` is the label "multitask" and
+    # `tasks` lists the tasks trained together (one head each); single-task methods leave it ()
+    tasks: tuple[str, ...] = ()        # e.g. (RTE, CoLA, STS-B, SST-2, WNLI)
+    sampling: str = "anneal"           # task of each batch: prop | sqrt | anneal | round-robin
+    steps_per_epoch: int = 0           # batches per epoch; 0 = total train rows / batch_size
+    adapter_rank: int = 0              # gated: Q/K adapter rank; 0 = hidden * 204 / 768 (BERT-base 204)
+    gate_start_epoch: int = 1          # gated: epochs before this train the adapters, gate fixed
+    freeze_qkv_epoch: int = 2          # gated: from this epoch the last layer's base Q/K/V are frozen
+    guide_reduction: str = "query"     # query (attention received) | key (released code; ~constant)
+    # masked-LM pretraining (method mlm, kit.train.pretrain: TAPT / ITPT); the adapted model is what a
+    # later fine-tuning point takes as `model`
+    mlm_probability: float = 0.15      # share of real tokens masked: 80% [MASK], 10% random,
+                                       # 10% kept
+    whole_word_mask: bool = False      # mask every piece of a chosen word (all [MASK] there)
+    pretrain_eval_text: bool = False   # also train on the dev and test text (no labels): Kaggle's
+                                       # ITPT; a GLUE dev score after it is no longer held out
+    adapted_dir: str = ""              # also write the best model here (a plain HF folder); a
+                                       # profile writes "{outputs}/adapted/NAME" (kit.config.profiles)
+    # outputs
+    outputs_dir: str = "outputs"
+    save_checkpoints: bool = True
+    predict_test: bool = False
+    save_epoch_predictions: bool = False   # predictions/dev_epoch<N>.tsv every epoch (OOF per epoch)
+    log_every: int = 10
+    profile: str = ""
+    report_to: tuple[str, ...] = ("auto",)   # trackers: auto (TensorBoard if installed) | none |
+                                             # tensorboard, wandb, mlflow, trackio
+                                             # (kit.train.tracking)
+
+    # fields that do not change what is computed; they stay out of the run id
+    _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "save_labels", "profile",
+                     "log_every", "eval_batch_size", "save_epoch_predictions", "report_to")
+
+    def __post_init__(self):
+        _check_types(self)
+        _normalise_task_names(self)
+        _check_values(self)
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "RunConfig":
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in params:
+            if key not in names:
+                raise ConfigError(unknown_parameter(key, names))
+        hints = field_types(cls)
+        return cls(**{k: _as_tuple(v) if hints[k] == tuple[str, ...] else v
+                      for k, v in params.items()})
+
+    @classmethod
+    def from_namespace(cls, namespace: dict) -> "RunConfig":
+        """Pick the config fields out of a notebook's globals (parameters cell + papermill)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for alias in PARAMETER_ALIASES.keys() & namespace.keys():   # papermill -p learning_rate
+            raise ConfigError(unknown_parameter(alias, names))       # would be dropped silently
+        return cls.from_dict({k: v for k, v in namespace.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def run_id(self) -> str:
+        """Stable across processes: a hash of the fields that change the result and differ from
+        their defaults, so adding a knob (with a default) keeps every earlier run id. Changing a
+        default's value changes results: bump RESULTS_VERSION with it."""
+        identity = {"version": RESULTS_VERSION}
+        identity.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                         if f.name not in self._NOT_IDENTITY
+                         and getattr(self, f.name) != f.default})
+        digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:10]
+        return f"{self.task}-{self.method}-s{self.seed}-{digest}"
+
+    @property
+    def uses_ssa(self) -> bool:
+        return self.method in SSA_METHODS
+
+    @property
+    def reads_test(self) -> bool:
+        """Whether a run reads its test split's text: to predict it, or to pretrain on it."""
+        return self.predict_test or self.pretrain_eval_text
+
+
+def unknown_parameter(key: str, names) -> str:
+    """The one-line answer to a name that is no RunConfig field: the field another tool calls
+    `key` (learning_rate -> lr), else the closest field name (difflib), else no hint."""
+    meant = PARAMETER_ALIASES.get(key) or next(iter(difflib.get_close_matches(key, names, n=1)), None)
+    return f"unknown parameter {key!r}" + (f" (did you mean {meant!r}?)" if meant else "")
+
+
+def _as_tuple(value):
+    """A list, or a bare string for a one-item list (`csv_text_columns: text`), as a tuple."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _normalise_task_names(cfg) -> None:
+    """`task` and `tasks` in the registry's spelling (sst2 -> SST-2) before the run id is
+    computed; unknown names are left for kit.config.rules to report."""
+    def canonical(name: str) -> str:
+        try:
+            return canonical_task_name(name)
+        except ValueError:
+            return name
+    object.__setattr__(cfg, "task", canonical(cfg.task))
+    object.__setattr__(cfg, "tasks", tuple(canonical(name) for name in cfg.tasks))
+
+
+@functools.cache
+def field_types(cls=None) -> dict:
+    """RunConfig's field types, by name (cached: get_type_hints takes ms, and profiles
+    validate thousands of points)."""
+    return typing.get_type_hints(cls or RunConfig)
+
+
+def _type_ok(value, hint) -> bool:
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint == tuple[str, ...]:
+        return isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+    return isinstance(value, hint)
+
+
+def _check_types(cfg: RunConfig) -> None:
+    for name, hint in field_types(type(cfg)).items():
+        value = getattr(cfg, name)
+        if not _type_ok(value, hint):
+            want = getattr(hint, "__name__", str(hint))
+            extra = (" (YAML reads 1e-5 as a string: write 1.0e-5)"
+                     if isinstance(value, str) and hint is float else "")
+            raise ConfigError(f"parameter {name!r}: expected {want}, got "
+                              f"{type(value).__name__} {value!r}{extra}")
+        if hint is float:
+            object.__setattr__(cfg, name, float(value))
+
+
+def _check_values(cfg: RunConfig) -> None:
+    """Choices, ranges and cross-field rules, declared in kit.config.rules."""
+    problem = config_rules.first_problem(cfg)
+    if problem:
+        raise ConfigError(problem)

@@ -1,0 +1,4 @@
+"""Text in, token batches out: the readers of GLUE TSV files, the hub's copy and users' CSV files
+(readers, hub, csv_reader, csv_data, folds), the synthetic task, and a run's data pipeline
+(pipeline: task data, tokenization, token_cache, collate, length-grouped batches).
+Imports kit.config and kit.io only."""

@@ -1,0 +1,342 @@
+"""THE training loop, for every method: one process or many (accelerate launch / torchrun, DDP).
+
+Read top to bottom: set-up, then per epoch (1) the job builds the epoch's batches (SSA probes
+with the model from the previous epoch there; a multi-task job samples the task of each batch),
+(2) train, (3) evaluate every task on its full dev set(s), checkpoint. What differs between a
+single-task and a multi-task run is the Job (kit.train.finetune.SingleTask,
+kit.train.multitask.MultiTask): a single-task run is a mix of one task. Everything written goes
+through kit.runs.
+
+Data-parallel: every rank builds the same plan of GLOBAL batches (seeded), and each rank takes
+its slice of each batch (rows[rank::n]): the global batch is `batch_size` whatever the number of
+processes, a run takes the same optimizer steps, and DDP averages the gradients. Evaluation and
+SSA probing are sharded the same way and gathered, so every rank sees every prediction and
+builds the identical next epoch. Counts are global; only the main process writes.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from kit.train import progress as kprogress
+from kit.train import run_state
+from kit import runs
+from kit.train import tracking as ktracking
+from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
+                             reset_peak_memory)
+from kit.config.run_config import RunConfig
+from kit.data.pipeline import Examples, collate, sorted_batches
+from kit.train.metrics import flatten_metrics
+from kit.models.model_io import save_model
+from kit.train.optim import LinearSchedule, parameter_groups
+from kit.train.provenance import environment
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class Epoch:
+    """One epoch's training work: the examples of each task and the plan of global batches
+    (task index, rows of that task's examples), plus SSA label statistics if any."""
+    sets: list[Examples]
+    plan: list[tuple[int, list[int]]]
+    label_stats: dict | None = None
+
+
+class Job:
+    """What a kind of run brings to the loop (see kit.train.finetune.SingleTask,
+    kit.train.multitask.MultiTask).
+
+    Attributes set by the constructor: model (not yet prepared), tokenizer, tasks (kit Task
+    list), pad_id, has_test; the loop adds `writer` (True in the process that writes files)
+    and `trainable` (ids of the parameters that train). Methods below."""
+    # DDP: True when a step may leave parameters without a gradient (multi-task heads, stages)
+    find_unused_parameters = False
+
+    def resumed(self, epoch: int) -> None:
+        """Fast-forward any state that carries across epochs to after `epoch`."""
+
+    def epoch(self, epoch: int, probe: Callable[[Examples], np.ndarray], unwrapped) -> Epoch:
+        raise NotImplementedError
+
+    def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
+        """(dev metrics with "score", three-subset stats, {task name: {split: (preds, labels)}})."""
+        raise NotImplementedError
+
+    def record(self, epoch: int, work: Epoch, history: list, epoch_losses: list) -> dict:
+        """Extra fields of the epoch's record (train_loss ...)."""
+        raise NotImplementedError
+
+    def write_dev(self, run_dir: Path, results: dict, suffix: str = "") -> None:
+        raise NotImplementedError
+
+    def write_test(self, run_dir: Path, predict, unwrapped) -> None:
+        """Predict the test splits (every rank: prediction is collective); write if `writer`."""
+        raise NotImplementedError
+
+    def save(self, model, tokenizer, folder: Path) -> None:
+        save_model(model, tokenizer, folder)
+
+    def load(self, folder: Path):
+        raise NotImplementedError
+
+    def summary(self, progress: run_state.Progress, unwrapped) -> dict:
+        """best_dev, best_three_subset, last_dev and the job's own result fields."""
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------- the loop
+
+def recorded(cfg: RunConfig, build: Callable[[RunConfig], Job]) -> dict:
+    """`run` inside the outputs contract's frame (kit.runs.run_recorded: skip if finished, lock,
+    config.json, metrics.json ok / failed with the run's environment): what fit() of every kind
+    of job returns."""
+    return runs.run_recorded(cfg, lambda c, run_dir: run(c, run_dir, build), process_state(),
+                             environment)
+
+
+@explain_mps_errors()       # an operator MPS lacks: one line naming it and the way round
+def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dict:
+    """Train and evaluate one config with the job `build(cfg)` makes (`build` is a Job class);
+    returns the metrics."""
+    from accelerate.utils import set_seed
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
+    set_seed(cfg.seed)
+    reset_peak_memory()                    # the kernel may have run other points before this one
+    accelerator = make_accelerator(
+        cfg.mixed_precision, cfg.grad_accum, ktracking.trackers(ktracking.resolve(cfg.report_to), cfg.outputs_dir, cfg.profile,
+                                cfg.run_id), find_unused_parameters=build.find_unused_parameters)
+    accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
+    main = accelerator.is_main_process
+    job = build(cfg)
+    job.writer = main                      # only the main process writes files
+    # fused AdamW: one kernel for all parameters (CPU and CUDA); ~8x faster steps on CPU
+    optimizer = torch.optim.AdamW(parameter_groups(job.model, cfg.lr, cfg.weight_decay,
+                                                   cfg.layer_decay, cfg.freeze_layers),
+                                  lr=cfg.lr, fused=True)
+    job.trainable = {id(p) for p in job.model.parameters() if p.requires_grad}
+    model, optimizer = accelerator.prepare(job.model, optimizer)
+    unwrapped = accelerator.unwrap_model(model)
+    schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
+
+    def predict(examples: Examples, desc: str = "eval") -> np.ndarray:
+        return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc)
+
+    # accelerate saves and restores the model, optimizer, every rank's RNG and this progress
+    progress = run_state.Progress()
+    accelerator.register_for_checkpointing(progress)
+    if cfg.save_checkpoints:
+        run_state.resume(accelerator, run_dir, progress)
+    job.resumed(progress.epoch)
+    if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
+        model = torch.compile(model, dynamic=True)
+    # lr follows the position in the data, not a count of updates: an fp16 step the loss scaler
+    # skips (inf / NaN gradients) loses its update but does not shift the schedule, which stays
+    # what resume restores (accelerate's own skip flag is wrong with fused AdamW: docs/gpu.md)
+    lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
+    walls, best_in_memory = progress.walls, None
+    started = time.perf_counter() - progress.elapsed
+    for epoch in range(progress.epoch + 1, cfg.epochs):
+        # (1) the epoch's batches: SSA probes with the model as it stands after epoch - 1
+        t0 = time.perf_counter()
+        shown = shown_epoch(epoch, cfg)          # progress lines count epochs from 1
+        work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {shown} label generation"),
+                         unwrapped)
+        walls["label_generation"] += time.perf_counter() - t0
+        if work.label_stats is not None:
+            progress.label_stats.append(work.label_stats)
+        if accelerator.num_processes > 1:   # dropout: a stream per rank, reproducible per epoch
+            torch.manual_seed(hash((cfg.seed, epoch, accelerator.process_index)) % 2**63)
+
+        # (2) train: dropout on (model.train() every epoch: probing and eval switch it off)
+        t0 = time.perf_counter()
+        model.train()
+        running, running_tasks, epoch_losses = [], [], [[] for _ in job.tasks]
+        steps = kprogress.bar(work.plan, desc=f"epoch {shown} train",
+                              disable=not accelerator.is_local_main_process)
+        for i, (t, rows) in enumerate(steps):
+            batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id),
+                              accelerator.device)
+            with accelerator.accumulate(model):
+                terms = job.loss_terms(model, batch, t)
+                accelerator.backward(terms["loss"])
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    lr = schedule.set_progress((epoch + (i + 1) / len(work.plan)) / cfg.epochs)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            running.append(torch.stack([v.detach() for v in terms.values()]))
+            running_tasks.append(t)
+            progress.step += 1
+            progress.trained_examples += len(rows)          # the global batch
+            if progress.step % cfg.log_every == 0 or i == len(work.plan) - 1:
+                window = torch.stack(running).float()       # one host sync per log, not per step
+                if accelerator.num_processes > 1:
+                    window = accelerator.reduce(window, "mean")
+                check_finite(window, list(terms), epoch, progress.step,
+                             accelerator.mixed_precision)
+                progress.history.append(history_row(
+                    progress.step, round(epoch + (i + 1) / len(work.plan), 4),
+                    round(time.perf_counter() - started, 3), list(terms), window,
+                    running_tasks, [t.name for t in job.tasks], epoch_losses, lr))
+                running, running_tasks = [], []
+                steps.set_postfix(loss=f"{progress.history[-1]['loss']:.4f}", refresh=False)
+                accelerator.log(ktracking.step_scalars(progress.history[-1]), step=progress.step)
+        steps.close()
+        epoch_train_s = time.perf_counter() - t0
+        walls["train"] += epoch_train_s
+
+        # (3) evaluate on the full dev set(s); checkpoint best, then last with the loop state
+        t0 = time.perf_counter()
+        dev_metrics, three, results = job.evaluate(predict, unwrapped)
+        if cfg.save_epoch_predictions and main:   # the CommonLit recipe: every epoch's predictions
+            job.write_dev(run_dir, results, suffix=f"_epoch{epoch}")
+        record = {"epoch": epoch, "dev": dev_metrics, "three_subset": three,
+                  **job.record(epoch, work, progress.history, epoch_losses),
+                  "wall_s": round(time.perf_counter() - started, 3)}
+        progress.epochs.append(record)
+        improved = progress.best is None or dev_metrics["score"] > progress.best["dev"]["score"]
+        if accelerator.is_local_main_process:
+            kprogress.note(f"epoch {shown}: dev {brief(dev_metrics)}, train loss "
+                           f"{record['train_loss']:.4f}{' (best)' if improved else ''}")
+        accelerator.log(ktracking.epoch_scalars(
+            record, work.label_stats, sum(len(rows) for _, rows in work.plan) / epoch_train_s),
+            step=progress.step)
+        if improved:
+            progress.best = record
+            if main:
+                job.write_dev(run_dir, results)
+            if job.has_test and not cfg.save_checkpoints:
+                best_in_memory = copy.deepcopy(unwrapped.state_dict())
+        if main:
+            runs.write_history(run_dir, progress.history)
+        walls["eval"] += time.perf_counter() - t0
+        progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
+        if cfg.save_checkpoints:            # every rank: each saves its RNG state
+            run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir, improved,
+                                  job.save)
+        accelerator.wait_for_everyone()     # the other ranks may read the checkpoint next
+
+    if job.has_test:                   # GLUE with predict_test, a CSV task's csv_test_path
+        best = (job.load(runs.checkpoint_dir(run_dir) / "best")[0].state_dict()
+                if cfg.save_checkpoints else best_in_memory)
+        unwrapped.load_state_dict(best)
+        job.write_test(run_dir, predict, unwrapped)
+    walls["total"] = time.perf_counter() - started
+    for tracker in accelerator.trackers:   # not end_training(): that also ends the process group
+        tracker.finish()
+    return {"epochs": progress.epochs, "best_epoch": progress.best["epoch"],
+            **job.summary(progress, unwrapped),
+            "wall_s": {k: round(v, 3) for k, v in walls.items()},
+            "train_examples": progress.trained_examples,
+            "train_examples_per_s": round(progress.trained_examples / max(walls["train"], 1e-9), 2),
+            "peak_memory_mb": peak_memory_mb(), "ssa_labels": progress.label_stats,
+            "resumed_after_epoch": progress.resumed_after_epoch,
+            "processes": accelerator.num_processes,
+            "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
+
+
+def shown_epoch(epoch: int, cfg: RunConfig) -> str:
+    """`1/2` for epoch 0 of 2: progress lines count from 1; records keep the 0-based index."""
+    return f"{epoch + 1}/{cfg.epochs}"
+
+
+def history_row(step: int, epoch: float, wall_s: float, names: list[str], window: torch.Tensor,
+                window_tasks: list[int], task_names: list[str], epoch_losses: list[list[float]],
+                lr: float) -> dict:
+    """A history.csv row: the window's mean of each loss term; with several tasks also the
+    mean loss of each task in the window (`loss_<TASK>`), kept per task for the epoch record."""
+    row = {"step": step, "epoch": epoch, "wall_s": wall_s,
+           **dict(zip(names, window.mean(0).tolist()))}
+    values = window[:, 0].tolist()
+    per_task: dict[str, list[float]] = {}
+    for t, value in zip(window_tasks, values):
+        epoch_losses[t].append(value)
+        per_task.setdefault(f"loss_{task_names[t]}", []).append(value)
+    if len(task_names) > 1:
+        row.update({k: float(np.mean(v)) for k, v in per_task.items()})
+    return {**row, "lr": lr}
+
+
+def shard(rows: list[int], accelerator) -> list[int]:
+    """This rank's part of a global batch: rows[rank::n]. A batch smaller than the number of
+    processes is cycled so every rank has a row (its repeats weigh the same as the originals)."""
+    n = accelerator.num_processes
+    if n == 1:
+        return rows
+    if len(rows) < n:
+        rows = [rows[i % len(rows)] for i in range(n)]
+    return rows[accelerator.process_index::n]
+
+
+def to_device(batch: dict, device) -> dict:
+    """The batch on the run's device. CUDA: from pinned memory, so the copy overlaps the compute;
+    MPS (unified memory, no pinning) and CPU: a plain copy (none on the CPU)."""
+    if device.type == "cuda":
+        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int,
+                 precision: str = "no") -> None:
+    """Stop at the first non-finite loss of the logging window, naming its step and terms. The
+    losses are fp32 (computed from the forward's fp32 outputs) under every precision, so a
+    non-finite one is a divergence, or under fp16 a forward that left fp16's range; gradients
+    that overflow under fp16 are the loss scaler's business (it skips that step), not this."""
+    bad = (~torch.isfinite(window)).any(dim=1).nonzero()
+    if len(bad):
+        row = int(bad[0])
+        at = step - len(window) + row
+        hint = ("; fp16 autocast: activations may have left fp16's range (65504), bf16 or no "
+                "would keep them" if precision == "fp16" else "")
+        raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {at}: " + ", ".join(
+            f"{k}={v:.4g}" for k, v in zip(names, window[row].tolist())) + hint)
+
+
+@torch.inference_mode()
+def predict_logits(model, examples: Examples, batch_size: int, pad_id: int, accelerator,
+                   desc: str = "eval") -> np.ndarray:
+    """Logits for every row, in row order. Eval mode (no dropout); longest batches first; with
+    several processes each rank runs its slice of every batch and the slices are gathered."""
+    was_training = model.training
+    model.eval()
+    n = accelerator.num_processes
+    rows, logits = [], []
+    for idx in kprogress.bar(sorted_batches(examples.lengths, batch_size), desc=desc,
+                             disable=not accelerator.is_local_main_process):
+        batch = to_device(collate(examples, shard(idx, accelerator), pad_id), accelerator.device)
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
+        got_rows, got = batch["rows"], out["logits"].float()
+        if n > 1:    # slices differ in size by one: pad (row -1), gather, drop the padding
+            got_rows = accelerator.gather(accelerator.pad_across_processes(got_rows, pad_index=-1))
+            got = accelerator.gather(accelerator.pad_across_processes(got))
+            got, got_rows = got[got_rows >= 0], got_rows[got_rows >= 0]
+        rows.append(got_rows.cpu())
+        logits.append(got.cpu())
+    model.train(was_training)
+    result = np.empty((len(examples), logits[0].shape[-1]), dtype=np.float32)
+    result[torch.cat(rows).numpy()] = torch.cat(logits).numpy()
+    return result
+
+
+def to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
+    return logits[:, 0] if regression else logits.argmax(-1)
+
+
+def brief(dev_metrics: dict) -> str:
+    """`accuracy 0.6123, f1 0.5800` from a dev metrics dict (multi-task: `RTE/accuracy ...`)."""
+    flat = flatten_metrics(dev_metrics)
+    return ", ".join(f"{k} {v:.4f}" for k, v in flat.items() if k != "score" or len(flat) == 1)

@@ -1,0 +1,107 @@
+"""The doctor's speed probe and what it predicts: a few real training steps of the embedded model
+(the kit's SequenceModel, the step kit.train.loop takes, at the precision `auto` picks), timed in ~5 s,
+and the wall times of the demo (`./run_all.sh`) and of the test suite (`./run_all.sh test`) it
+implies on this machine, from a line fitted through machines where both were measured."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+# The predictions' calibration, the one place to change it: per machine, the probe's s/step
+# (batch 32 x 14 tokens, 1 thread, the precision auto picks there) and the measured wall seconds
+# of `./run_all.sh` (demo) and `./run_all.sh test` (suite). predict() fits wall = overhead +
+# k * s/step through them (least squares; with two machines, the line through both).
+CALIBRATION = {
+    "2-core AVX2 EPYC": {
+        "probe_s_per_step": 1.78, "demo_s": 341, "suite_s": 18 * 60 + 38,
+        "source": "probe: kit.train.speed_probe.probe, fp32, 2026-11-25, the shared 2-core AMD EPYC VM "
+                  "at load 2.4-2.9 (median of 5: 1.70-1.94 s/step; 2.8-3.7 at load 6); demo "
+                  "and suite (one pytest process): the 'Portable' issue's report, same class"},
+    "2-core AMX Xeon": {
+        "probe_s_per_step": 0.198, "demo_s": 123, "suite_s": 5 * 60 + 37,
+        "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
+                  "(docs/benchmarks.md, quiet machine); demo and suite: README (fresh clone, "
+                  "HEAD 63fff3a, 2026-11-24, the suite in one process)"},
+}
+PROBE_BATCH, PROBE_LENGTH = 32, 14   # the demo's batch size; SST-2's mean length (step_profile's)
+WARMUP_ROWS = 4
+
+
+def time_steps(step, budget_s: float, warmup: int = 2) -> tuple[float, int]:
+    """Median seconds of step(True) after `warmup` cheap step(False) calls (lazy set-up,
+    optimizer state, allocator), timing steps while the whole stays within budget_s (at least
+    one). Returns (s/step, timed steps)."""
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step(False)
+    times = []
+    while not times or time.perf_counter() - start + statistics.median(times) < budget_s:
+        t0 = time.perf_counter()
+        step(True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), len(times)
+
+
+def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -> dict:
+    """Real training steps of the embedded model on one thread, as kit.train.loop takes them: the kit's
+    SequenceModel (bert), autocast at `precision`, fp32 loss, backward, clipping, fused AdamW.
+    Fresh every time: a new model and optimizer, nothing cached."""
+    from transformers.utils import logging
+    from kit.models.backbones import load_backbone
+    from kit.methods.bert import HeadSpec, SequenceModel
+    logging.disable_progress_bar()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = SequenceModel(load_backbone("minilm")[0], HeadSpec(num_labels=2)).train().to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        ids = torch.randint(1000, 20000, (PROBE_BATCH, PROBE_LENGTH), device=device)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                 "special_mask": torch.zeros_like(ids, dtype=torch.bool),
+                 "labels": torch.randint(0, 2, (PROBE_BATCH,), device=device)}
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        sync = {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}
+
+        def step(full: bool):
+            inputs = {k: v if full else v[:WARMUP_ROWS] for k, v in batch.items()}
+            labels = inputs.pop("labels")
+            with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+                logits = model(**inputs)["logits"]
+            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync.get(device, lambda: None)()
+        seconds, steps = time_steps(step, budget_s, warmup)
+    finally:
+        torch.set_num_threads(threads)
+    return {"s_per_step": round(seconds, 4), "steps": steps, "device": device,
+            "precision": precision, "shape": f"{PROBE_BATCH} x {PROBE_LENGTH} tokens, 1 thread"}
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares line wall = a + k * s through (s/step, wall s) points: (a, k)."""
+    ms, mt = statistics.fmean(s for s, _ in points), statistics.fmean(t for _, t in points)
+    k = sum((s - ms) * (t - mt) for s, t in points) / sum((s - ms) ** 2 for s, _ in points)
+    return mt - k * ms, k
+
+
+def fits(calibration: dict = CALIBRATION) -> dict[str, tuple[float, float]]:
+    return {target: fit([(m["probe_s_per_step"], m[target]) for m in calibration.values()])
+            for target in ("demo_s", "suite_s")}
+
+
+def predict(s_per_step: float, calibration: dict = CALIBRATION) -> dict[str, float]:
+    """Predicted wall seconds of the demo and of the test suite for a probe's s/step."""
+    return {target: round(max(a + k * s_per_step, 0.0), 1)
+            for target, (a, k) in fits(calibration).items()}
+
+
+def prediction_line(seconds: float, s_per_step: float, calibration: dict = CALIBRATION) -> str:
+    probes = [m["probe_s_per_step"] for m in calibration.values()]
+    inside = min(probes) / 2 <= s_per_step <= max(probes) * 2
+    return (f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(calibration)}; "
+            + ("within 2x)" if inside else "this probe is far outside them: a rough guess)"))
+
