@@ -22,6 +22,7 @@ from kit import methods, runs
 from kit.train import metrics as kmetrics
 from kit.models.backbones import load_backbone
 from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
+from kit.data.csv_data import write_csv_submission
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
 from kit.methods.guiding import guiding_loss
 from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
