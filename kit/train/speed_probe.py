@@ -15,15 +15,18 @@ import torch
 # k * s/step through them (least squares; with two machines, the line through both).
 CALIBRATION = {
     "2-core AVX2 EPYC": {
-        "probe_s_per_step": 1.78, "demo_s": 341, "suite_s": 18 * 60 + 38,
-        "source": "probe: kit.train.speed_probe.probe, fp32, 2026-11-25, the shared 2-core AMD EPYC VM "
-                  "at load 2.4-2.9 (median of 5: 1.70-1.94 s/step; 2.8-3.7 at load 6); demo "
-                  "and suite (one pytest process): the 'Portable' issue's report, same class"},
+        "probe_s_per_step": 1.78, "demo_s": 955, "suite_s": 899,
+        "source": "all on one 2-core AMD EPYC VM (AVX2 only, fp32 matmul peak 27-32 GFLOP/s), "
+                  "2026-11-25: probe = kit.train.speed_probe.probe, fp32, load 2.4-2.9 (median "
+                  "of 5: 1.70-1.94 s/step); demo and suite = ../shared/tools/fresh-clone-check "
+                  "(the suite with a pytest worker per core). An EPYC VM with twice this fp32 "
+                  "rate ran the demo in 341 s (the issue's report; its probe was not taken)"},
     "2-core AMX Xeon": {
         "probe_s_per_step": 0.198, "demo_s": 123, "suite_s": 5 * 60 + 37,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
                   "(docs/benchmarks.md, quiet machine); demo and suite: README (fresh clone, "
-                  "HEAD 63fff3a, 2026-11-24, the suite in one process)"},
+                  "HEAD 63fff3a, 2026-11-24). The suite then ran in ONE pytest process: with a "
+                  "worker per core it is faster, so this point over-predicts the AMX suite"},
 }
 PROBE_BATCH, PROBE_LENGTH = 32, 14   # the demo's batch size; SST-2's mean length (step_profile's)
 WARMUP_ROWS = 4
