@@ -18,9 +18,9 @@ CALIBRATION = {
         "probe_s_per_step": 1.78, "demo_s": 955, "suite_s": 899,
         "source": "all on one 2-core AMD EPYC VM (AVX2 only, fp32 matmul peak 27-32 GFLOP/s), "
                   "2026-11-25: probe = kit.train.speed_probe.probe, fp32, load 2.4-2.9 (median "
-                  "of 5: 1.70-1.94 s/step); demo and suite = ../shared/tools/fresh-clone-check "
-                  "(the suite with a pytest worker per core). An EPYC VM with twice this fp32 "
-                  "rate ran the demo in 341 s (the issue's report; its probe was not taken)"},
+                  "of 5: 1.70-1.94 s/step); demo and suite = both README commands on a fresh "
+                  "clone, offline (the suite with a pytest worker per core). An EPYC VM "
+                  "with twice this fp32 rate ran the demo in 341 s (the issue's report; its probe was not taken)"},
     "2-core AMX Xeon": {
         "probe_s_per_step": 0.198, "demo_s": 123, "suite_s": 5 * 60 + 37,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
