@@ -112,7 +112,7 @@ def test_other_method_families_train_on_two_processes(tmp_path, extra):
 
 
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path):
-    base = {**SSA, "synthetic_size": 2000, "epochs": 3, "save_labels": False}
+    base = {**SSA, "synthetic_size": 1000, "epochs": 3, "save_labels": False}   # epochs of ~1 s
     killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
     proc = torchrun(killed, tmp_path, wait=False)
     state = run_dir_of(killed) / "checkpoint" / "last"   # swapped in whole
