@@ -114,6 +114,11 @@ def test_other_method_families_train_on_two_processes(tmp_path, extra):
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path):
     base = {**SSA, "synthetic_size": 1000, "epochs": 3, "save_labels": False}   # epochs of ~1 s
     killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
+    # the uninterrupted run trains alongside (its own config file, so kill_all spares it):
+    # three torchrun starts are most of this test's time, and two of them overlap
+    (tmp_path / "straight").mkdir()
+    straight_cfg = RunConfig(**base, outputs_dir=str(tmp_path / "straight"))
+    straight_proc = torchrun(straight_cfg, tmp_path / "straight", wait=False)
     proc = torchrun(killed, tmp_path, wait=False)
     state = run_dir_of(killed) / "checkpoint" / "last"   # swapped in whole
     started = time.time()
@@ -125,7 +130,8 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path)
     proc.wait()
     assert not (run_dir_of(killed) / "metrics.json").exists()
     resumed = torchrun(killed, tmp_path)
-    straight = torchrun(RunConfig(**base, outputs_dir=str(tmp_path / "straight")), tmp_path)
+    assert straight_proc.wait(timeout=600) == 0, "the uninterrupted run failed"
+    straight = json.loads((run_dir_of(straight_cfg) / "metrics.json").read_text())
     assert resumed["resumed_after_epoch"] is not None and straight["resumed_after_epoch"] is None
     drop = ("wall_s",)
     same = lambda rows: [{k: v for k, v in r.items() if k not in drop} for r in rows]  # noqa: E731

@@ -2,7 +2,9 @@
 says in one line when its runs come from different environments or have too few seeds."""
 import json
 import platform
+import shutil
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -85,6 +87,17 @@ def test_a_failed_run_records_where_it_failed(tmp_path):
 
 def test_the_commit_is_none_outside_a_checkout(tmp_path):
     assert provenance.kit_commit(tmp_path) == (None, None)
+
+
+def test_runs_record_this_checkouts_commit():
+    """The default is the checkout kit/ lives in (the layout move once pointed it at kit/ itself,
+    and every run recorded no commit)."""
+    repo = Path(__file__).resolve().parents[1]
+    assert provenance.REPO == repo
+    if (repo / ".git").exists() and shutil.which("git"):
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+        assert provenance.kit_commit()[0] == head
 
 
 @pytest.mark.parametrize("change, dirty", [(None, False), ("untracked", False), ("tracked", True)])
