@@ -189,7 +189,7 @@ def speed(device: str, precision: str, budget_s: float = 5.0) -> tuple[dict, dic
              "calibration": f"wall = {a:.0f} s + {k:.0f} x s/step (demo), {b:.0f} s + {m:.0f} x "
                             "s/step (tests): kit.train.speed_probe.CALIBRATION",
              "demo (./run_all.sh)": prediction_line(times["demo_s"], s),
-             "tests (./run_all.sh test)": prediction_line(times["suite_s"], s)}
+             "tests (./run_all.sh test)": prediction_line(times["suite_s"], s, target="suite_s")}
     return lines, {"probe": result, "predicted_s": times}
 
 
