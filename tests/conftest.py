@@ -20,12 +20,6 @@ settings.register_profile("kit", derandomize=True, deadline=None)
 settings.load_profile("kit")
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def pytest_collection_modifyitems(items):
-    """Tests marked slow run first: with a worker per core (pytest-xdist, --dist worksteal) a
-    20-60 s test that starts last would keep one worker busy while the other idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)    # stable
 GLUE_DIR = REPO / "data" / "glue"
 
 

@@ -103,7 +103,6 @@ def test_run_lock_is_exclusive(tmp_path):
         assert again
 
 
-@pytest.mark.slow
 def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys):
     """All four methods through papermill; a failing point is recorded and the batch goes on;
     a rerun skips finished runs and retries only the failed one. The failing point comes first
@@ -161,7 +160,6 @@ def _without_timings(value):
     return value
 
 
-@pytest.mark.slow
 def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch):
     """A point run after another in a warm kernel (BERT-mask after fp32, the first kernel having
     run bf16) gives bit for bit the results of a fresh kernel; a failed point takes its kernel

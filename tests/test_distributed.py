@@ -30,7 +30,7 @@ DEV_TOLERANCE = 0.15       # accuracy points of a 40-row dev set, tiny random mo
 
 # the in-process reference runs with the ranks' thread count (OMP_NUM_THREADS=1 in ENV): float
 # sums, and so a near-tied prediction, depend on it
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]      # conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
 
 def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):

@@ -168,7 +168,6 @@ def test_pooled_representation(folders, family):
 
 # --------------------------------------------------------------------------- papermill
 
-@pytest.mark.slow
 def test_one_family_through_papermill(folders, tmp_path):
     """The finetune notebook as a profile runs it, on DeBERTa-v3 (eager-only, Unigram)."""
     import papermill as pm

@@ -310,7 +310,6 @@ def test_kaggle_notebook_is_thin_and_clean():
     assert sorted(names) == sorted(RunConfig.__dataclass_fields__)
 
 
-@pytest.mark.slow
 def test_kaggle_notebook_through_papermill(tmp_path):
     import papermill as pm
     out = tmp_path / "executed.ipynb"

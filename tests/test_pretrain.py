@@ -196,7 +196,6 @@ def _comparable(metrics: dict) -> dict:
             "train_examples": metrics["train_examples"]}
 
 
-@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(tmp_path):
     """Masks are drawn from (seed, epoch, rows): the resumed run trains on the same masked
     batches and ends on the same losses and weights, bit for bit."""
@@ -227,7 +226,6 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-@pytest.mark.slow
 def test_pretraining_on_two_processes_through_the_batch_runner(tmp_path):
     """gloo, 2 ranks: the global counts of one process; the held-out loss is summed over both
     ranks' slices (lr ~0: the same weights, so the same loss as one process)."""
@@ -288,7 +286,6 @@ grid:
 """
 
 
-@pytest.mark.slow
 def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys):
     """tapt-smoke's shape on the tiny model: the points run in order, each through its own
     notebook (`notebook: auto`), the second on the folder the first wrote."""

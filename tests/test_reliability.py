@@ -32,7 +32,6 @@ def comparable(metrics: dict) -> dict:
             "ssa_labels": strip(metrics["ssa_labels"])}
 
 
-@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     killed = RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "killed"))
     run = run_dir_of(killed)
@@ -119,7 +118,6 @@ def test_dead_kernel_is_recorded_as_failed(tmp_path, monkeypatch):
     assert record["status"] == "failed" and "DeadKernelError" in record["error"]
 
 
-@pytest.mark.slow
 def test_two_batches_on_one_profile_at_once(tmp_path):
     """Each run is trained by one batch; the other skips it; every result is complete."""
     outputs = tmp_path / "out"

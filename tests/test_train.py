@@ -88,7 +88,6 @@ def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
     assert record["status"] == "failed" and record["error"].startswith("NonFiniteLoss")
 
 
-@pytest.mark.slow
 def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path):
     """Issue 3's bar: on the synthetic task the share of label 1 on true cue tokens is at least
     3x the share on distractors (paper rule, default knobs, the real pretrained model). The bar
@@ -102,7 +101,6 @@ def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path):
     assert stats["cue_share_label1"] >= 3 * stats["distractor_share_label1"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["bert", "bert-mask", "ssa-co", "ssa-h"])
 def test_real_rte_smoke_per_method(method, glue_dir, tmp_path):
     # max_length 32 and one epoch (the SSA models probe the pretrained model before it:
