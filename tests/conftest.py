@@ -35,6 +35,42 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def kill_after_first_checkpoint():
+    """`kill(cfg, env, settle, timeout)`: fit(cfg) in a child process with this process's torch
+    thread count (float sums depend on it: the resumed and the straight run continue here),
+    SIGKILLed `settle` s after its first checkpoint appears (inside the next epoch), as a
+    preemption would; asserts it had neither ended nor written metrics.json."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from kit.runs import run_dir_of
+
+    def kill(cfg, env=None, settle: float = 0.2, timeout: float = 240.0) -> None:
+        run = run_dir_of(cfg)
+        script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
+                  f"from kit.config.run_config import RunConfig; "
+                  f"from kit.train.finetune import fit; fit(RunConfig(**{cfg.to_dict()!r}))")
+        started = time.time()
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        state = run / "checkpoint" / "last"   # swapped in whole when complete
+        while not state.exists():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() - started < timeout
+            time.sleep(0.05)
+        time.sleep(settle)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not (run / "metrics.json").exists()      # nothing claims to be finished
+
+    return kill
+
+
 @pytest.fixture(scope="session")
 def glue_dir() -> Path:
     assert GLUE_DIR.is_dir(), f"the project's GLUE copy is missing: {GLUE_DIR}"

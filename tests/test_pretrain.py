@@ -4,10 +4,8 @@ loads and a fine-tuning run takes as `model`, kill -9 resume, 2 processes (gloo)
 whose fine-tuning point loads the folder its pretraining point wrote."""
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -196,27 +194,13 @@ def _comparable(metrics: dict) -> dict:
             "train_examples": metrics["train_examples"]}
 
 
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(tmp_path):
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(
+        tmp_path, kill_after_first_checkpoint):
     """Masks are drawn from (seed, epoch, rows): the resumed run trains on the same masked
     batches and ends on the same losses and weights, bit for bit."""
     base = {**TINY, "max_train_examples": 600, "epochs": 3}
     killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
-    run = run_dir_of(killed)
-    script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-              f"from kit.config.run_config import RunConfig; from kit.train.finetune import fit; "
-              f"fit(RunConfig(**{killed.to_dict()!r}))")
-    started = time.time()
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = run / "checkpoint" / "last"
-    while not state.exists():
-        assert proc.poll() is None, "the run ended before its first checkpoint"
-        assert time.time() - started < 120
-        time.sleep(0.05)
-    time.sleep(0.3)                                  # inside epoch 1
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run / "metrics.json").exists()
+    kill_after_first_checkpoint(killed, env=ENV, settle=0.3, timeout=120)   # inside epoch 1
     resumed = fit(killed)
     assert resumed["resumed_after_epoch"] in (0, 1)
     straight = fit(RunConfig(**base, outputs_dir=str(tmp_path / "straight")))

@@ -5,14 +5,11 @@ import errno
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from kit import batch
 from kit import io as kio
@@ -32,27 +29,10 @@ def comparable(metrics: dict) -> dict:
             "ssa_labels": strip(metrics["ssa_labels"])}
 
 
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(tmp_path):
+def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(
+        tmp_path, kill_after_first_checkpoint):
     killed = RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "killed"))
-    run = run_dir_of(killed)
-    # the same number of threads as this process: float sums depend on it, and the resumed
-    # and the straight run continue in this process
-    script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-              f"from kit.config.run_config import RunConfig; from kit.train.finetune import fit; "
-              f"fit(RunConfig(**{killed.to_dict()!r}))")
-    started = time.time()
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = run / "checkpoint" / "last"   # swapped in whole when complete
-    while not state.exists():
-        assert proc.poll() is None, "the run ended before its first checkpoint"
-        assert time.time() - started < 240
-        time.sleep(0.05)
-    time.sleep(0.2)                                  # inside epoch 1 (probing or training)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run / "metrics.json").exists()      # nothing claims to be finished
-
+    kill_after_first_checkpoint(killed, settle=0.2, timeout=240)   # inside epoch 1
     resumed = fit(killed)
     assert resumed["status"] == "ok" and resumed["resumed_after_epoch"] in (0, 1)
     straight = fit(RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "straight")))
