@@ -26,6 +26,7 @@ from kit.data import hub
 from kit.train import loop, run_state
 from kit import io as kio
 from kit.train import progress as kprogress
+from kit.train.accel import process_state
 from kit.models.backbones import TINY, ModelError, load_backbone, model_path
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import (IGNORE, Examples, encode, length_grouped_batches, pad_rows,
@@ -150,7 +151,7 @@ class Pretrain(loop.Job):
                                            offsets, self.pad_id, HELDOUT_SEED))
         self.epoch_index = 0
         _quiet_tied_weights()
-        if self.new_weights and _local_main():
+        if self.new_weights and process_state().is_local_main_process:
             kprogress.note(f"{cfg.model}: no masked-LM head in the checkpoint; "
                            f"{len(self.new_weights)} head weights initialised")
 
@@ -235,11 +236,6 @@ def _quiet_tied_weights() -> None:
         logger.addFilter(_TiedWeightsNote())
 
 
-def _local_main() -> bool:
-    from accelerate import PartialState
-    return PartialState().is_local_main_process
-
-
 @torch.inference_mode()
 def heldout_loss(model, examples: Examples, masked: list[np.ndarray], labels: list[np.ndarray],
                  pad_id: int, batch_size: int) -> float:
@@ -247,9 +243,8 @@ def heldout_loss(model, examples: Examples, masked: list[np.ndarray], labels: li
     several processes each rank runs its slice of every batch and the sums are added up; the
     unwrapped model runs it (no DDP collectives), so ranks may run different numbers of
     forwards."""
-    from accelerate import PartialState
     from accelerate.utils import reduce
-    state, was_training = PartialState(), model.training
+    state, was_training = process_state(), model.training
     model.eval()
     device = next(model.parameters()).device
     sums = torch.zeros(2, dtype=torch.float64)
