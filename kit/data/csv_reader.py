@@ -52,13 +52,29 @@ def _csv_frame(path: Path, wanted: Sequence[str]) -> pd.DataFrame:
     return frame
 
 
+def _text_frame(path: Path, text_columns: tuple[str, ...], *more: str) -> pd.DataFrame:
+    """_csv_frame with one or two text columns (a sentence or a pair) and the `more` columns."""
+    if len(text_columns) not in (1, 2):
+        raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
+    return _csv_frame(path, [*text_columns, *more])
+
+
+def _texts(frame: pd.DataFrame, text_columns: tuple[str, ...]) -> dict:
+    """A Split's text_a and text_b (None for single sentences), verbatim."""
+    return {"text_a": frame[text_columns[0]].tolist(),
+            "text_b": frame[text_columns[1]].tolist() if len(text_columns) > 1 else None}
+
+
+def _row_ids(frame: pd.DataFrame) -> list:
+    """Ids from an `index` or `id` column when there is one, else row numbers (readers.row_ids)."""
+    return row_ids(frame.columns, lambda name: frame[name].tolist(), len(frame))
+
+
 def read_csv_test(path: str | Path, text_columns: tuple[str, ...], id_column: str) -> Split:
     """A Kaggle-style test CSV: the training file's text columns and an id column (unique
     ids, kept as text, in file order: the order of submission.csv); no labels."""
     path = Path(path)
-    if len(text_columns) not in (1, 2):
-        raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
-    frame = _csv_frame(path, [*text_columns, id_column])
+    frame = _text_frame(path, text_columns, id_column)
     ids = frame[id_column].str.strip()
     bad = np.flatnonzero((ids == "").to_numpy() | ids.duplicated().to_numpy())
     if len(bad):
@@ -66,22 +82,16 @@ def read_csv_test(path: str | Path, text_columns: tuple[str, ...], id_column: st
         what = "empty id" if ids.iloc[i] == "" else f"duplicate id {ids.iloc[i]!r}"
         raise DataError(f"{path}: line {_csv_line(frame, i)}: {what} in column {id_column!r}; "
                         "a submission needs one unique id per row")
-    return Split(text_a=frame[text_columns[0]].tolist(),
-                 text_b=frame[text_columns[1]].tolist() if len(text_columns) > 1 else None,
-                 labels=None, ids=ids.tolist(), source=str(path))
+    return Split(**_texts(frame, text_columns), labels=None, ids=ids.tolist(), source=str(path))
 
 
 def read_csv_text(path: str | Path, text_columns: tuple[str, ...]) -> Split:
     """A CSV's text columns only (no target, labels None): text for masked-LM pretraining.
     Ids as read_csv_split gives them."""
     path = Path(path)
-    if len(text_columns) not in (1, 2):
-        raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
-    frame = _csv_frame(path, text_columns)
-    return Split(text_a=frame[text_columns[0]].tolist(),
-                 text_b=frame[text_columns[1]].tolist() if len(text_columns) > 1 else None,
-                 labels=None, ids=row_ids(frame.columns, lambda name: frame[name].tolist(),
-                                          len(frame)), source=str(path))
+    frame = _text_frame(path, text_columns)
+    return Split(**_texts(frame, text_columns), labels=None, ids=_row_ids(frame),
+                 source=str(path))
 
 
 def read_csv_split(path: str | Path, text_columns: tuple[str, ...], target: str,
@@ -96,9 +106,7 @@ def read_csv_split(path: str | Path, text_columns: tuple[str, ...], target: str,
     `index` or `id` column when there is one, else row numbers.
     """
     path = Path(path)
-    if len(text_columns) not in (1, 2):
-        raise DataError(f"{path}: give one or two text columns, not {list(text_columns)}")
-    frame = _csv_frame(path, [*text_columns, target, *([fold_column] if fold_column else [])])
+    frame = _text_frame(path, text_columns, target, *([fold_column] if fold_column else []))
 
     def where(i: int) -> str:
         return f"{path}: line {_csv_line(frame, i)}"
@@ -115,9 +123,6 @@ def read_csv_split(path: str | Path, text_columns: tuple[str, ...], target: str,
     else:
         out_labels = tuple(labels) if labels else tuple(sorted(set(values)))
         y = class_ids(values, out_labels, target, where)
-    split = Split(
-        text_a=frame[text_columns[0]].tolist(),
-        text_b=frame[text_columns[1]].tolist() if len(text_columns) > 1 else None,
-        labels=y, ids=row_ids(frame.columns, lambda name: frame[name].tolist(), len(frame)),
-        source=str(path), folds=_folds(frame[fold_column], where) if fold_column else None)
+    split = Split(**_texts(frame, text_columns), labels=y, ids=_row_ids(frame), source=str(path),
+                  folds=_folds(frame[fold_column], where) if fold_column else None)
     return split, out_labels
