@@ -233,18 +233,22 @@ def native_peak_dtypes() -> tuple[str, ...]:
     GPU with bf16, a CPU with avx512_bf16 / AMX). Elsewhere bf16 is emulated (an AVX2 CPU: 1.2-1.8
     GFLOP/s against fp32's 27-54, docs/benchmarks.md): its 2048 x 2048 peak would take minutes and
     is no ceiling anything trains against; bf16_probe() records it small instead."""
+    return ("float32", "bfloat16") if native_bf16() else ("float32",)
+
+
+def native_bf16() -> bool:
+    """Whether the device matmul_peak measures on (the CUDA GPU, else the CPU) has bf16 in
+    hardware."""
     import torch
     from kit.train.accel import cpu_has_native_bf16, cuda_has_native_bf16
-    native = cuda_has_native_bf16() if torch.cuda.is_available() else cpu_has_native_bf16()
-    return ("float32", "bfloat16") if native else ("float32",)
+    return cuda_has_native_bf16() if torch.cuda.is_available() else cpu_has_native_bf16()
 
 
 def bf16_probe() -> dict:
     """The bf16 matmul rate at a small size (256 x 256, ~0.2 s even where bf16 is emulated) and
     whether it is native: what the hardware header says about bf16 on every machine."""
-    from kit.train.accel import cpu_has_native_bf16
     rate = matmul_peak(size=256, seconds=0.1, dtype="bfloat16")["flops_per_s"]
-    return {"native": cpu_has_native_bf16(), "gflops_256": round(rate / 1e9, 2)}
+    return {"native": native_bf16(), "gflops_256": round(rate / 1e9, 2)}
 
 
 def peaks(seconds: float = 2.0, size: int = 2048) -> dict[str, float]:
