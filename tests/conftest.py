@@ -36,6 +36,18 @@ def one_thread():
 
 
 @pytest.fixture
+def comparable():
+    """`comparable(metrics)`: what a resumed run and its uninterrupted twin must share, bit for
+    bit: everything but timings, memory and the resume marker."""
+    def view(metrics: dict) -> dict:
+        strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+        return {"epochs": strip(metrics["epochs"]), "best_dev": metrics["best_dev"],
+                "best_epoch": metrics["best_epoch"], "train_examples": metrics["train_examples"],
+                "ssa_labels": strip(metrics["ssa_labels"])}
+    return view
+
+
+@pytest.fixture
 def kill_after_first_checkpoint():
     """`kill(cfg, env, settle, timeout)`: fit(cfg) in a child process with this process's torch
     thread count (float sums depend on it: the resumed and the straight run continue here),

@@ -322,15 +322,8 @@ def test_an_fp16_overflow_is_skipped_not_recorded_and_keeps_the_schedule(tmp_pat
     assert history["lr"].tolist() == runs.read_history(run_dir_of(clean))["lr"].tolist()
 
 
-def comparable(metrics: dict) -> dict:
-    """Everything but timings, memory and the resume marker."""
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
-    return {"epochs": strip(metrics["epochs"]), "best_dev": metrics["best_dev"],
-            "ssa_labels": strip(metrics["ssa_labels"])}
-
-
 def test_kill_9_after_an_fp16_checkpoint_resumes_the_loss_scale_exactly(tmp_path, monkeypatch,
-                                                                         one_thread):
+                                                                         one_thread, comparable):
     """The killed run overflowed once (scale 2**15, not a fresh scaler's 2**16) and died by
     SIGKILL right after its epoch-0 checkpoint; resuming loads scaler.pt's state exactly and
     ends where an uninterrupted run ends."""

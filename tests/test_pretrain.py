@@ -188,14 +188,8 @@ def test_whole_word_masking_run_without_checkpoints(tmp_path):
     assert not list(tmp_path.glob(".adapted.*"))          # the temp folder was swapped in
 
 
-def _comparable(metrics: dict) -> dict:
-    strip = [{k: v for k, v in e.items() if k != "wall_s"} for e in metrics["epochs"]]
-    return {"epochs": strip, "best_dev": metrics["best_dev"],
-            "train_examples": metrics["train_examples"]}
-
-
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(
-        tmp_path, kill_after_first_checkpoint):
+        tmp_path, kill_after_first_checkpoint, comparable):
     """Masks are drawn from (seed, epoch, rows): the resumed run trains on the same masked
     batches and ends on the same losses and weights, bit for bit."""
     base = {**TINY, "max_train_examples": 600, "epochs": 3}
@@ -204,7 +198,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(
     resumed = fit(killed)
     assert resumed["resumed_after_epoch"] in (0, 1)
     straight = fit(RunConfig(**base, outputs_dir=str(tmp_path / "straight")))
-    assert _comparable(resumed) == _comparable(straight)
+    assert comparable(resumed) == comparable(straight)
     a, b = (checkpoint_dir(run_dir_of(c)) / "best" / "model.safetensors"
             for c in (killed, RunConfig(**base, outputs_dir=str(tmp_path / "straight"))))
     assert a.read_bytes() == b.read_bytes()

@@ -21,16 +21,8 @@ KILLABLE = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=2
                 lr=5e-3)   # epochs of ~1.5 s on one core: room to kill mid-epoch
 
 
-def comparable(metrics: dict) -> dict:
-    """Everything but timings, memory and the resume marker."""
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
-    return {"epochs": strip(metrics["epochs"]), "best_dev": metrics["best_dev"],
-            "best_epoch": metrics["best_epoch"], "train_examples": metrics["train_examples"],
-            "ssa_labels": strip(metrics["ssa_labels"])}
-
-
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(
-        tmp_path, kill_after_first_checkpoint):
+        tmp_path, kill_after_first_checkpoint, comparable):
     killed = RunConfig(**KILLABLE, outputs_dir=str(tmp_path / "killed"))
     kill_after_first_checkpoint(killed, settle=0.2, timeout=240)   # inside epoch 1
     resumed = fit(killed)
