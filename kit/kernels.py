@@ -18,6 +18,7 @@ Every point still gets its own executed notebook (papermill writes it as before)
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -62,10 +63,13 @@ class _Manager(AsyncKernelManager):
 
 class Kernels:
     """Runs notebooks through papermill in one reused kernel (or, fresh=True, one each).
-    Use as a context manager: the warm kernel is shut down at the end."""
+    Use as a context manager: the warm kernel is shut down at the end. `env`: variables set in
+    the warm kernels it starts, over this process's environment (fresh ones are papermill's)."""
 
-    def __init__(self, fresh: bool = False):
-        self.fresh = fresh
+    def __init__(self, fresh: bool = False, env: dict[str, str] | None = None):
+        if fresh and env:
+            raise ValueError("env applies to warm kernels only (papermill starts fresh ones)")
+        self.fresh, self.env = fresh, env or {}
         self._manager: _Manager | None = None
 
     def __enter__(self) -> Kernels:
@@ -109,7 +113,8 @@ class Kernels:
             self.close()
         if self._manager is None:
             manager = _Manager(kernel_name=KERNEL_NAME)
-            run_sync(manager.start_kernel)(extra_arguments=KERNEL_ARGS, cwd=str(REPO))
+            run_sync(manager.start_kernel)(extra_arguments=KERNEL_ARGS, cwd=str(REPO),
+                                           env={**os.environ, **self.env})
             self._manager = manager
         return self._manager
 

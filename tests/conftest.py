@@ -87,3 +87,17 @@ def kill_after_first_checkpoint():
 def glue_dir() -> Path:
     assert GLUE_DIR.is_dir(), f"the project's GLUE copy is missing: {GLUE_DIR}"
     return GLUE_DIR
+
+
+@pytest.fixture(scope="session")
+def run_notebook():
+    """`run_notebook(notebook, output, **parameters)`: papermill executes `notebook` in this test
+    worker's warm kernel (kit.kernels, as a batch runs its points; tests/test_batch.py checks
+    that warm gives a fresh kernel's results). A kernel start and its imports of torch and
+    transformers cost ~8 s of CPU on an AVX2 core: the notebook smoke tests pay it once. One
+    torch thread in the kernel, as in the runs the tests compare it with."""
+    from kit.kernels import Kernels
+
+    with Kernels(env={"OMP_NUM_THREADS": "1"}) as kernels:
+        yield lambda notebook, output, **parameters: kernels.execute(
+            Path(notebook), Path(output), parameters, stderr_file=None)

@@ -336,3 +336,19 @@ def test_log_progress_lines_are_whole_lines(monkeypatch):
     assert "\r" not in out.getvalue() and out.getvalue().endswith("\n")
     assert lines[0].startswith("epoch 0/1 train:   0% 0/5")
     assert lines[-1].startswith("epoch 0/1 train: 100% 5/5") and lines[-1].endswith("loss=0.5000")
+
+
+def test_warm_kernels_start_with_the_environment_they_are_given(tmp_path, run_notebook):
+    """kit.kernels.Kernels(env=...) (the notebook tests' shared kernel: one torch thread);
+    papermill starts fresh kernels itself, so env with fresh=True is refused."""
+    import nbformat
+    from kit.kernels import Kernels
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "env.ipynb")
+    run_notebook(tmp_path / "env.ipynb", tmp_path / "out.ipynb")
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert out.cells[-1].outputs[0]["text"] == "1 1\n"
+    with pytest.raises(ValueError, match="warm kernels only"):
+        Kernels(fresh=True, env={"OMP_NUM_THREADS": "1"})

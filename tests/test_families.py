@@ -168,15 +168,12 @@ def test_pooled_representation(folders, family):
 
 # --------------------------------------------------------------------------- papermill
 
-def test_one_family_through_papermill(folders, tmp_path):
+def test_one_family_through_papermill(folders, tmp_path, run_notebook):
     """The finetune notebook as a profile runs it, on DeBERTa-v3 (eager-only, Unigram)."""
-    import papermill as pm
     cfg = small(folders["deberta-v3"], tmp_path / "out", method="ssa-h")
     default = RunConfig().to_dict()          # papermill injects literals: the changed fields
     params = {k: v for k, v in cfg.to_dict().items() if v != default[k]}
-    pm.execute_notebook(str(REPO / "notebooks" / "finetune.ipynb"), str(tmp_path / "nb.ipynb"),
-                        parameters=params, kernel_name="python3", cwd=str(REPO),
-                        progress_bar=False)
+    run_notebook(REPO / "notebooks" / "finetune.ipynb", tmp_path / "nb.ipynb", **params)
     metrics = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert metrics["status"] == "ok" and metrics["model"] == str(folders["deberta-v3"])
 

@@ -310,12 +310,9 @@ def test_kaggle_notebook_is_thin_and_clean():
     assert sorted(names) == sorted(RunConfig.__dataclass_fields__)
 
 
-def test_kaggle_notebook_through_papermill(tmp_path):
-    import papermill as pm
+def test_kaggle_notebook_through_papermill(tmp_path, run_notebook):
     out = tmp_path / "executed.ipynb"
-    pm.execute_notebook(str(NOTEBOOK), str(out), kernel_name="python3", progress_bar=False,
-                        parameters={"outputs_dir": str(tmp_path / "outputs"),
-                                    "csv_path": str(PAIRS)}, cwd=str(REPO))
+    run_notebook(NOTEBOOK, out, outputs_dir=str(tmp_path / "outputs"), csv_path=str(PAIRS))
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1
     metrics = json.loads((runs[0] / "metrics.json").read_text())

@@ -300,13 +300,10 @@ def test_a_run_stopped_after_an_epoch_resumes_to_the_uninterrupted_metrics(tmp_p
     assert resumed["train_examples"] == straight["train_examples"]
 
 
-def test_notebook_smoke_through_papermill(tmp_path):
-    import papermill as pm
+def test_notebook_smoke_through_papermill(tmp_path, run_notebook):
     out = tmp_path / "executed.ipynb"
-    pm.execute_notebook(str(REPO / "notebooks" / "multitask.ipynb"), str(out),
-                        parameters={"synthetic_size": 64, "batch_size": 16,
-                                    "outputs_dir": str(tmp_path / "outputs")},
-                        kernel_name="python3", progress_bar=False, cwd=str(REPO))
+    run_notebook(REPO / "notebooks" / "multitask.ipynb", out, synthetic_size=64, batch_size=16,
+                 outputs_dir=str(tmp_path / "outputs"))
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1 and runs[0].name.startswith("multitask-embert-")
     assert json.loads((runs[0] / "metrics.json").read_text())["status"] == "ok"

@@ -47,14 +47,9 @@ def output_of(nb: nbformat.NotebookNode, call: str) -> str:
     return "".join(str(c.outputs) for c in nb.cells if c.cell_type == "code" and call in c.source)
 
 
-def execute(name: str, tmp_path: Path, **parameters) -> nbformat.NotebookNode:
-    import papermill as pm
-    path = tmp_path / f"{name}.ipynb"
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")          # the kernel's torch: see `outputs`
-        pm.execute_notebook(str(REPO / "notebooks" / f"{name}.ipynb"), str(path),
-                            parameters=parameters, kernel_name="python3",
-                            progress_bar=False, cwd=str(REPO))
+def execute(run_notebook, name: str, tmp_path: Path, **parameters) -> nbformat.NotebookNode:
+    path = tmp_path / f"{name}.ipynb"       # (the kernel's torch has one thread: see `outputs`)
+    run_notebook(REPO / "notebooks" / f"{name}.ipynb", path, **parameters)
     return nbformat.read(path, as_version=4)
 
 
@@ -75,9 +70,9 @@ def test_notebooks_are_thin_and_committed_without_outputs():
                 assert "def " not in cell.source and "class " not in cell.source, name
 
 
-def test_results_notebook_writes_the_tables(outputs, tmp_path):
+def test_results_notebook_writes_the_tables(outputs, tmp_path, run_notebook):
     out = outputs["dir"]
-    nb = execute("results", tmp_path, outputs_dir=str(out), profile="smoke")
+    nb = execute(run_notebook, "results", tmp_path, outputs_dir=str(out), profile="smoke")
     md = (out / "tables" / "smoke-results.md").read_text()
     assert "## Paper layout" in md and "## Summary over seeds" in md and "## Comparisons" in md
     for label in ("BERT-r", "BERT-mask", "SSA-Co", "SSA-H"):
@@ -108,27 +103,27 @@ def test_selection_on_the_gamma_grid(outputs):
                             "Epoch selection", "Model selection"]
 
 
-def test_gamma_notebook(outputs, tmp_path):
+def test_gamma_notebook(outputs, tmp_path, run_notebook):
     out = outputs["dir"]
-    execute("gamma", tmp_path, outputs_dir=str(out), profile=outputs["gamma"],
+    execute(run_notebook, "gamma", tmp_path, outputs_dir=str(out), profile=outputs["gamma"],
             task="synthetic")
     png = out / "figures" / "gamma-gamma-mini-synthetic.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cost_notebook(outputs, tmp_path):
-    execute("cost", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke")
+def test_cost_notebook(outputs, tmp_path, run_notebook):
+    execute(run_notebook, "cost", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke")
     assert (outputs["dir"] / "figures" / "cost-smoke-synthetic.png").stat().st_size > 1000
 
 
-def test_label_quality_notebook(outputs, tmp_path):
-    nb = execute("label_quality", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke")
+def test_label_quality_notebook(outputs, tmp_path, run_notebook):
+    nb = execute(run_notebook, "label_quality", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke")
     assert (outputs["dir"] / "figures" / "label_quality-smoke-synthetic.png").exists()
     assert "cue_share_label1" in output_of(nb, "figure_data.label_quality(")
 
 
-def test_case_study_notebook(outputs, tmp_path):
-    nb = execute("case_study", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke",
+def test_case_study_notebook(outputs, tmp_path, run_notebook):
+    nb = execute(run_notebook, "case_study", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke",
                  sentences=["a whole lot foul, freaky and funny.", "the movie works."])
     assert (outputs["dir"] / "figures" / "case_study-smoke-synthetic.png").exists()
     table = output_of(nb, "token_view.case_study_data(")
@@ -140,7 +135,7 @@ MECHANISM_GRID = {"task": "synthetic", "model": "tiny", "synthetic_size": 48,
                   "batch_size": 16, "save_labels": True, "seed": [0, 1]}
 
 
-def test_mechanism_notebook(tmp_path):
+def test_mechanism_notebook(tmp_path, run_notebook):
     """params/mechanism.yaml in miniature: BERT-r, SSA-H and guided BERT-r, 2 seeds, labels
     saved; the notebook writes both tables and the figure."""
     import torch
@@ -157,7 +152,7 @@ def test_mechanism_notebook(tmp_path):
                     for p in batch.load_profile(str(profile), str(out)).points]
     finally:
         torch.set_num_threads(threads)
-    nb = execute("mechanism", tmp_path, outputs_dir=str(out), profile=str(profile))
+    nb = execute(run_notebook, "mechanism", tmp_path, outputs_dir=str(out), profile=str(profile))
     assert (out / "figures" / "mechanism-mech-mini.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "tables" / "mechanism-mech-mini.md").read_text()
     for row in ("BERT-r", "SSA-H", "BERT-r \\+ guiding", "SSA-H, epoch 1"):

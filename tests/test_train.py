@@ -88,16 +88,33 @@ def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
     assert record["status"] == "failed" and record["error"].startswith("NonFiniteLoss")
 
 
-def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path):
+def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path, monkeypatch):
     """Issue 3's bar: on the synthetic task the share of label 1 on true cue tokens is at least
     3x the share on distractors (paper rule, default knobs, the real pretrained model). The bar
     was set in fp32 on this seed: bf16 autocast gives 2.99x here, 3.54x / 3.20x on seeds 1-2,
     as fp32 does (docs/benchmarks.md, "bf16 parity"), so the test pins fp32."""
+    import kit.train.finetune as finetune
+    drawn = []
+
+    class LabelsDrawn(Exception):
+        pass
+
+    def labels_then_stop(*args, **kwargs):    # the run stops once epoch 2's labels are drawn:
+        epoch_set, stats = build_epoch(*args, **kwargs)     # training on them checks nothing
+        if stats is not None:                               # here (17 s of an AVX2 core)
+            drawn.append(stats)
+            raise LabelsDrawn
+        return epoch_set, stats
+
+    build_epoch = finetune.build_epoch
+    monkeypatch.setattr(finetune, "build_epoch", labels_then_stop)
     cfg = RunConfig(task="synthetic", model="minilm", method="ssa-co", synthetic_size=600,
                     epochs=2, lr=1e-4, save_checkpoints=False, outputs_dir=str(tmp_path),
                     mixed_precision="no")
-    stats = fit(cfg)["ssa_labels"][0]
-    assert stats["kept"] > 500
+    with pytest.raises(LabelsDrawn):
+        fit(cfg)
+    [stats] = drawn
+    assert stats["epoch"] == 1 and stats["kept"] > 500
     assert stats["cue_share_label1"] >= 3 * stats["distractor_share_label1"]
 
 
