@@ -112,7 +112,7 @@ def test_other_method_families_train_on_two_processes(tmp_path, extra):
 
 
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path):
-    base = {**SSA, "synthetic_size": 1000, "epochs": 3, "save_labels": False}   # epochs of ~1 s
+    base = {**SSA, "synthetic_size": 600, "epochs": 3, "save_labels": False}   # epochs of ~0.6 s
     killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
     # the uninterrupted run trains alongside (its own config file, so kill_all spares it):
     # three torchrun starts are most of this test's time, and two of them overlap
