@@ -23,11 +23,12 @@ CALIBRATION = {
                   "offline. Its suite (899 s) was the suite before session 8 made its slowest "
                   "tests cheaper"},
     "2-core AVX2 EPYC (fast)": {
-        "probe_s_per_step": 0.926, "demo_s": 465, "suite_s": 355,
+        "probe_s_per_step": 0.926, "demo_s": 465, "suite_s": 331,
         "source": "another 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh "
-                  "doctor on idle cores; demo and suite = both README commands on a fresh clone "
-                  "of 5fc96d5, offline, a pytest worker per core. The demo was predicted before "
-                  "it ran, from the two other machines: 8.4 min, measured 7.75"},
+                  "doctor on idle cores; demo = the README command on a fresh clone of 5fc96d5; "
+                  "suite = the README command on a fresh clone of 956b397 (the notebook tests "
+                  "share a kernel), offline, a pytest worker per core. The demo was predicted "
+                  "before it ran, from the two other machines: 8.4 min, measured 7.75"},
     "2-core AMX Xeon": {
         "probe_s_per_step": 0.198, "demo_s": 123, "suite_s": None,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
