@@ -29,6 +29,12 @@ CALIBRATION = {
                   "suite = the README command on a fresh clone of 956b397 (the notebook tests "
                   "share a kernel), offline, a pytest worker per core. The demo was predicted "
                   "before it ran, from the two other machines: 8.4 min, measured 7.75"},
+    "2-core avx512_bf16 EPYC": {
+        "probe_s_per_step": 0.259, "demo_s": 147, "suite_s": 183,
+        "source": "a 2-core AMD EPYC VM with avx512_bf16 and no AMX (bf16 autocast), "
+                  "2026-11-25: probe = ./run_all.sh doctor on idle cores, before either command "
+                  "ran (it predicted the demo at 2.3 min); demo and suite = fresh-clone-check of "
+                  "8985ab7, offline, a pytest worker per core (.ci/run on the same clone: 180 s)"},
     "2-core AMX Xeon": {
         "probe_s_per_step": 0.198, "demo_s": 123, "suite_s": None,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
