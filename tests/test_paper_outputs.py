@@ -117,13 +117,15 @@ def test_cost_notebook(outputs, tmp_path, run_notebook):
 
 
 def test_label_quality_notebook(outputs, tmp_path, run_notebook):
-    nb = execute(run_notebook, "label_quality", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke")
+    nb = execute(run_notebook, "label_quality", tmp_path, outputs_dir=str(outputs["dir"]),
+                 profile="smoke")
     assert (outputs["dir"] / "figures" / "label_quality-smoke-synthetic.png").exists()
     assert "cue_share_label1" in output_of(nb, "figure_data.label_quality(")
 
 
 def test_case_study_notebook(outputs, tmp_path, run_notebook):
-    nb = execute(run_notebook, "case_study", tmp_path, outputs_dir=str(outputs["dir"]), profile="smoke",
+    nb = execute(run_notebook, "case_study", tmp_path, outputs_dir=str(outputs["dir"]),
+                 profile="smoke",
                  sentences=["a whole lot foul, freaky and funny.", "the movie works."])
     assert (outputs["dir"] / "figures" / "case_study-smoke-synthetic.png").exists()
     table = output_of(nb, "token_view.case_study_data(")

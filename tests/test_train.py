@@ -94,19 +94,20 @@ def test_ssa_labels_find_the_cue_tokens_with_the_embedded_model(tmp_path, monkey
     was set in fp32 on this seed: bf16 autocast gives 2.99x here, 3.54x / 3.20x on seeds 1-2,
     as fp32 does (docs/benchmarks.md, "bf16 parity"), so the test pins fp32."""
     import kit.train.finetune as finetune
-    drawn = []
+    build_epoch, drawn = finetune.build_epoch, []
 
     class LabelsDrawn(Exception):
         pass
 
-    def labels_then_stop(*args, **kwargs):    # the run stops once epoch 2's labels are drawn:
-        epoch_set, stats = build_epoch(*args, **kwargs)     # training on them checks nothing
-        if stats is not None:                               # here (17 s of an AVX2 core)
+    # The run stops once epoch 2's labels are drawn: training on them checks nothing here
+    # (17 s of an AVX2 core).
+    def labels_then_stop(*args, **kwargs):
+        epoch_set, stats = build_epoch(*args, **kwargs)
+        if stats is not None:
             drawn.append(stats)
             raise LabelsDrawn
         return epoch_set, stats
 
-    build_epoch = finetune.build_epoch
     monkeypatch.setattr(finetune, "build_epoch", labels_then_stop)
     cfg = RunConfig(task="synthetic", model="minilm", method="ssa-co", synthetic_size=600,
                     epochs=2, lr=1e-4, save_checkpoints=False, outputs_dir=str(tmp_path),
