@@ -16,8 +16,6 @@ figures and prints a summary line; the exit status is 1 if any run failed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import os
 import sys
@@ -28,83 +26,17 @@ from pathlib import Path
 import pandas as pd
 
 from kit import io as kio
-from kit import methods
 from kit.train import progress as kprogress
-from kit.train import tracking as ktracking
 from kit.config.run_config import ConfigError, RunConfig
-from kit.data.pipeline import glue_source, load_task_data
-from kit.data.hub import hub_unreachable
-from kit.models.backbones import ModelError, check_hub_model
+from kit.models.backbones import ModelError
 from kit.kernels import Kernels
+from kit.train.preemption import FORWARD, PREEMPTED_EXIT, forwarding_signals
+from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
 from kit.train.provenance import environment
-from kit.methods.mlm import load_text
 from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.data.readers import DataError
 from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
                       run_dir_of)
-from kit.config.tasks import GLUE_TASKS
-
-# ---------------------------------------------------------------- pre-flight
-
-@functools.cache
-def _hub_reason() -> str | None:
-    return hub_unreachable()
-
-
-def missing_task_files(cfg: RunConfig) -> str | None:
-    """Why a GLUE task cannot run (found nowhere: its files are absent, or it would come from
-    an unreachable hub), else None. A glue_dir / GLUE_DIR that does not exist raises DataError."""
-    task = GLUE_TASKS.get(cfg.task)          # RunConfig spells task names as the registry does
-    if task is None:
-        return None
-    source = glue_source(cfg.glue_dir, task.name)
-    if source == "hub":
-        reason = _hub_reason()
-        return (f"{task.name}: not in the project's data/glue, no glue_dir or GLUE_DIR set, and "
-                f"the hub is unreachable ({reason})") if reason else None
-    for split in ("train", *task.dev_splits, *(task.test_splits if cfg.reads_test else ())):
-        if not (source / task.name / f"{split}.tsv").exists():
-            return f"{source / task.name / (split + '.tsv')} not found"
-    return None
-
-
-def _data_key(cfg: RunConfig) -> tuple:
-    """The fields that decide which files a point reads and how they are checked (not seeds,
-    methods or knobs; pretraining checks that there is text)."""
-    return (cfg.task, cfg.glue_dir, cfg.reads_test, cfg.n_folds, cfg.fold,
-            methods.get(cfg.method).pretrain, cfg.pretrain_eval_text,
-            *(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name.startswith("csv_")))
-
-
-def _single_task_configs(cfg: RunConfig) -> list[RunConfig]:
-    """A multi-task point reads each of its tasks like a single-task run would."""
-    if not cfg.tasks:
-        return [cfg]
-    return [dataclasses.replace(cfg, task=t, tasks=(), method="bert") for t in cfg.tasks]
-
-
-def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
-    """Check every point's data before any kernel starts; returns {run_id: why} for points to
-    skip (their task is found nowhere and the profile says skip_missing_tasks). Raises one-line
-    ConfigError / DataError for everything else: a task missing from a profile that needs it, a
-    glue_dir that does not exist, a malformed file (with its line), a tracker not installed."""
-    absent, checked = {}, {}
-    for point in points:
-        cfg = RunConfig.from_dict(point)
-        ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
-        check_hub_model(cfg.model)               # offline and not cached: one line, now
-        for one in _single_task_configs(cfg):
-            key = _data_key(one)
-            if key not in checked:
-                checked[key] = missing_task_files(one)
-                if checked[key] is None:         # parses the files: bad rows fail here, named
-                    (load_text if methods.get(one.method).pretrain else load_task_data)(one)
-            if checked[key] is not None:
-                if not profile.skip_missing_tasks:
-                    raise DataError(f"{profile.path}: {checked[key]}")
-                absent[cfg.run_id] = checked[key]
-    return absent
-
 
 # ---------------------------------------------------------------- one point
 
@@ -114,7 +46,8 @@ def execute(profile: Profile, point: dict, processes: int = 1,
     (status, detail), status one of ok, skipped, failed. The executed notebook is written to a
     temp file and renamed into the run folder only by the batch that ran the point: a second
     batch never touches it. processes > 1: the point runs data-parallel under torchrun
-    (`python -m kit.train.finetune`), with no notebook (a kernel is one process)."""
+    (`python -m kit.train.finetune`), with no notebook (a kernel is one process). Status
+    `preempted`: a signal stopped the point (its checkpoint is written; rerunning resumes it)."""
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
         return "skipped", "finished earlier"
@@ -126,14 +59,16 @@ def execute(profile: Profile, point: dict, processes: int = 1,
             return "skipped", "finished earlier"
         if processes > 1:
             return _run_distributed(cfg, processes)
+        FORWARD.kernels = kernels = kernels or Kernels(fresh=True)
         try:
             with kio.atomic_path(run_dir / "notebook.ipynb") as tmp:
-                status, detail = _run_notebook(kernels or Kernels(fresh=True), profile, cfg,
-                                               tmp)
-                if status == "skipped":     # the kernel found the run locked: not ours to write
+                status, detail = _run_notebook(kernels, profile, cfg, tmp)
+                if status in ("skipped", "preempted"):   # not ours to write / not finished
                     raise _Discard
         except _Discard:
             pass
+        finally:
+            FORWARD.kernels = None
         return status, detail
 
 
@@ -152,6 +87,8 @@ def _run_notebook(kernels: Kernels, profile: Profile, cfg: RunConfig,
         detail = _failure_reason(err)
         if detail.startswith("RunLocked"):      # fit() refused: another process trains it
             return "skipped", "running in another process"
+        if detail.startswith("RunPreempted") or FORWARD.received:
+            return "preempted", detail.partition(": ")[2] or FORWARD.received
         return _failed(cfg, detail)
     return "ok", ""
 
@@ -183,6 +120,7 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
     try:
         with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) as proc:
+            FORWARD.child = proc
             for line in proc.stderr:         # the ranks' progress lines, as they come
                 if line.startswith("error: "):       # kit.train.finetune's one-line failure
                     errors.append(line.strip().removeprefix("error: "))
@@ -191,12 +129,15 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
                 if echo:
                     sys.stderr.write(line)
     finally:
+        FORWARD.child = None
         os.unlink(f.name)
     if proc.returncode == 0:
         return "ok", ""
     detail = errors[0] if errors else f"torchrun exit {proc.returncode}"
     if detail.startswith("RunLocked"):
         return "skipped", "running in another process"
+    if detail.startswith("RunPreempted") or FORWARD.received:
+        return "preempted", detail.partition(": ")[2] or FORWARD.received
     return _failed(cfg, detail, processes)
 
 
@@ -237,15 +178,17 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
                 processes: int = 1, fresh_kernels: bool = False) -> int:
     prepare_kernels()
     profile = load_profile(name, outputs_dir)
-    points = shard(profile.points, shard_spec)
+    points = resume_first(shard(profile.points, shard_spec))
     started = time.perf_counter()
     absent = preflight(profile, points)
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s", flush=True)
-    counts = {"ok": 0, "skipped": 0, "failed": 0, "absent": 0}
+    counts = {"ok": 0, "skipped": 0, "failed": 0, "absent": 0, "preempted": 0}
     started, ran = time.perf_counter(), 0
-    with Kernels(fresh=fresh_kernels) as kernels:
+    with Kernels(fresh=fresh_kernels) as kernels, forwarding_signals() as signals:
         for i, point in enumerate(points, 1):
+            if signals.received:              # a scheduler wants the node back: no new point
+                return _stopped(profile, signals.received, points[i - 1:], counts)
             cfg = RunConfig.from_dict(point)
             head = f"[{i}/{len(points)}] {point_label(cfg.to_dict())}"
             t0 = time.perf_counter()
@@ -260,6 +203,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
             note = f" ({detail})" if detail else ""
             print(f"{head}: {status}{note} {time.perf_counter() - t0:.0f}s"
                   f"{_eta(started, ran, len(points) - i)}", flush=True)
+            if status == "preempted":
+                return _stopped(profile, signals.received, points[i:], counts)
     collect(profile, outputs_dir, show=True)
     print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
           f"{counts['failed']} failed, {counts['absent']} absent (task files missing) "
@@ -267,18 +212,38 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     return 1 if counts["failed"] else 0
 
 
+def resume_first(points: list[dict]) -> list[dict]:
+    """The grid with its preempted points first (the order otherwise kept): a requeued job
+    resumes the run it left before it starts anything else."""
+    def preempted(point: dict) -> bool:
+        try:
+            return (read_metrics(run_dir_of(RunConfig.from_dict(point))) or {}).get(
+                "status") == "preempted"
+        except (OSError, ValueError):
+            return False
+    return sorted(points, key=lambda p: not preempted(p))
+
+
+def _stopped(profile: Profile, received: str | None, left: list[dict], counts: dict) -> int:
+    """One line on what a signal left undone; the exit status a job script requeues on."""
+    unfinished = sum(finished_metrics(RunConfig.from_dict(p)) is None for p in left)
+    print(f"profile {profile.name}: stopped by {received or 'a signal'}: {counts['preempted']} "
+          f"run(s) preempted with a checkpoint, {unfinished} not started; {counts['ok']} ok, "
+          f"{counts['failed']} failed. Rerun the same command to resume "
+          f"(exit {PREEMPTED_EXIT})", flush=True)
+    return PREEMPTED_EXIT
+
+
 def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
     """Tables of every run of the profile that has a folder (this shard's and others'), and the
     profile's figures; `show` prints the first table to the terminal."""
-    from kit.results import report, table_sets, writers
+    from kit.results import table_sets, writers
+    from kit.results.collect import load_runs
     run_dirs = [d for d in (run_dir_of(RunConfig.from_dict(p)) for p in profile.points)
                 if config_path(d).exists()]
     if not run_dirs:
         return []
-    runs = report.load_runs(run_dirs)
-    varying = [k for k in dict.fromkeys(k for p in profile.points for k in p)
-               if len({json.dumps(p.get(k), sort_keys=True) for p in profile.points}) > 1]
-    tables = table_sets.profile_tables(runs, varying)
+    tables = table_sets.profile_tables(load_runs(run_dirs), profile.varying())
     paths = writers.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
     if show:
         title, table = next(iter(tables.items()))

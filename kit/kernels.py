@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -64,7 +65,7 @@ class _Manager(AsyncKernelManager):
 class Kernels:
     """Runs notebooks through papermill in one reused kernel (or, fresh=True, one each).
     Use as a context manager: the warm kernel is shut down at the end. `env`: variables set in
-    the warm kernels it starts, over this process's environment (fresh ones are papermill's)."""
+    the warm kernels it starts, over this process's environment (fresh ones get this process's)."""
 
     def __init__(self, fresh: bool = False, env: dict[str, str] | None = None):
         if fresh and env:
@@ -86,10 +87,7 @@ class Kernels:
                                 parameters=parameters, kernel_name=KERNEL_NAME,
                                 progress_bar=False, cwd=str(REPO), stderr_file=stderr_file,
                                 extra_arguments=KERNEL_ARGS)
-        if self.fresh:
-            run()                   # papermill starts and stops a kernel of its own
-            return
-        manager = self._warm()
+        manager = self._warm()      # fresh too: a kernel of ours, so `interrupt` reaches it
         try:
             run(km=manager)
         except BaseException:
@@ -97,10 +95,25 @@ class Kernels:
             raise
         finally:
             manager.close_clients()
+        if self.fresh:
+            self.close()
+            return
         try:
             _reset(manager)
         except Exception:           # the point is done; only its kernel is not reused
             self.close()
+
+    def interrupt(self) -> None:
+        """SIGINT to the warm kernel, if one runs: a run in it stops after its current step
+        with a checkpoint (kit.train.preemption); an idle kernel ignores it. Safe to call from a
+        signal handler (one os.kill). A kernel is in a session of its own, so a signal to the
+        batch does not reach it by itself."""
+        pid = getattr(getattr(self._manager, "provisioner", None), "pid", None)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
     def close(self) -> None:
         manager, self._manager = self._manager, None

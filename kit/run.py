@@ -115,7 +115,8 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
         return "skipped", "finished earlier", cfg
     batch.preflight(profile, [params])
     batch.prepare_kernels()
-    status, detail = batch.execute(profile, params)
+    with batch.forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
+        status, detail = batch.execute(profile, params)
     return status, detail, cfg
 
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(summary(status, detail, cfg), flush=True)
-    return 1 if status == "failed" else 0
+    return {"failed": 1, "preempted": batch.PREEMPTED_EXIT}.get(status, 0)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,17 @@
 """THE outputs contract: what a run writes under outputs/runs/<run_id>/ and how it is read back.
 
     config.json        the resolved RunConfig, written when the run starts
-    metrics.json       status ok / failed (+ error), written atomically when the run ends
+    metrics.json       status ok / failed (+ error) / preempted (+ where it stopped: a signal
+                       stopped it after a checkpoint; rerunning resumes), written atomically
     history.csv        one row per logging step
     predictions/       dev predictions of the best epoch (<split>.tsv, multi-task <TASK>/<split>.tsv),
                        test predictions in the GLUE server's format, submission.csv (CSV tasks)
     checkpoint/        best (kit.models.model_io's layout: plain transformers loads it) and last
                        (accelerate's save_state: model, optimizer, RNGs, loop progress; for
                        resuming); written and restored by kit.train.run_state
-    ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.pt
-                       (save_labels: true; written by kit.methods.ssa, read by read_saved_labels)
+    ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.npz
+                       (save_labels: true; kit.io.write_arrays' format, never a pickle: outputs/
+                       may be shared; written by write_saved_labels, read by read_saved_labels)
     notebook.ipynb     written by kit.batch
 
 Every reader and writer of a run folder is here (torch is not imported at module level: tables
@@ -35,6 +37,17 @@ from kit.config.run_config import RunConfig
 
 class RunLocked(RuntimeError):
     pass
+
+
+class RunPreempted(Exception):
+    """A run stopped on a signal after writing a checkpoint (kit.train.preemption); `where` is
+    what metrics.json records of it (signal, epoch, step, checkpoint ...). Rerunning the config
+    resumes it."""
+
+    def __init__(self, where: dict):
+        super().__init__(f"stopped by {where.get('signal')} at epoch {where.get('epoch')}, "
+                         f"step {where.get('step')}; rerun to resume")
+        self.where = where
 
 
 def run_dir_of(cfg: RunConfig) -> Path:
@@ -73,6 +86,11 @@ def metrics_path(run_dir: str | Path) -> Path:
 
 def history_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "history.csv"
+
+
+def notebook_path(run_dir: str | Path) -> Path:
+    """notebook.ipynb: the run's executed notebook (kit.batch writes it; the report renders it)."""
+    return Path(run_dir) / "notebook.ipynb"
 
 
 def read_config(run_dir: str | Path) -> dict | None:
@@ -141,25 +159,56 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
 
 def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
     """Where kit.methods.ssa saves (and reuse_labels_from reads) one SSA epoch's set and
-    statistics."""
-    return saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
+    statistics: ssa_labels/epoch<N>.npz."""
+    return saved_labels_dir(run_dir) / f"epoch{epoch}.npz"
 
 
 def saved_labels_dir(run_dir: str | Path) -> Path:
-    """ssa_labels/: one epoch<N>.pt per SSA-labelled epoch of a run with save_labels: true
-    (written by kit.methods.ssa.ssa_labels_epoch)."""
+    """ssa_labels/: one epoch<N>.npz per SSA-labelled epoch of a run with save_labels: true
+    (written by kit.methods.ssa.ssa_labels_epoch through write_saved_labels)."""
     return Path(run_dir) / "ssa_labels"
+
+
+def write_saved_labels(run_dir: str | Path, epoch: int, epoch_set: dict, stats: dict) -> None:
+    """Save one SSA epoch: `epoch_set` (kit.data.pipeline.Examples' fields, vars(examples)) as
+    arrays, `stats` (LabelStats as a dict) as the file's JSON."""
+    kio.write_arrays(saved_labels_path(run_dir, epoch), epoch_set, {"stats": stats})
+
+
+def read_saved_epoch(run_dir: str | Path, epoch: int) -> dict | None:
+    """One saved SSA epoch, {"epoch_set": Examples' fields, "stats": its LabelStats as a dict};
+    None when the run saved none for it. An epoch<N>.pt of an earlier kit version (a pickle)
+    is refused, never loaded."""
+    path = saved_labels_path(run_dir, epoch)
+    if not path.exists():
+        _refuse_pickled_labels([path.with_suffix(".pt")])
+        return None
+    arrays, meta = kio.read_arrays(path)
+    if not isinstance(meta, dict) or not isinstance(meta.get("stats"), dict):
+        raise kio.refused(path, "no SSA label statistics in its header")
+    return {"epoch_set": arrays, "stats": meta["stats"]}
 
 
 def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
     """The run's saved SSA epochs in epoch order, each {"epoch_set": the epoch's training set
     (kit.data.pipeline.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats":
-    its LabelStats as a dict}; nothing when it saved none."""
-    import torch
-    files = sorted(saved_labels_dir(run_dir).glob("epoch*.pt"),
-                   key=lambda path: int(path.stem.removeprefix("epoch")))
-    for path in files:
-        yield torch.load(path, weights_only=False)
+    its LabelStats as a dict}; nothing when it saved none. Refuses (kio.UnsafeFileError) a
+    folder holding .pt labels of an earlier kit version: they are pickles, which run code."""
+    folder = saved_labels_dir(run_dir)
+    _refuse_pickled_labels(sorted(folder.glob("epoch*.pt")))
+    epochs = sorted(int(path.stem.removeprefix("epoch")) for path in folder.glob("epoch*.npz")
+                    if path.stem.removeprefix("epoch").isdigit())
+    for epoch in epochs:
+        yield read_saved_epoch(run_dir, epoch)
+
+
+def _refuse_pickled_labels(paths: list[Path]) -> None:
+    """One line for the first .pt label file there is: torch.load would unpickle it."""
+    old = [path for path in paths if path.exists()]
+    if old:
+        raise kio.refused(old[0], "SSA labels saved as .pt by an earlier kit version, a pickle",
+                          hint="; regenerate them: remove that run's folder and rerun it with "
+                               "save_labels: true")
 
 
 def make_run_dir(cfg: RunConfig) -> Path:
@@ -222,6 +271,11 @@ def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict]
         kio.write_json(run_dir / "config.json", cfg.to_dict())
         try:
             result = body(cfg, run_dir)
+        except RunPreempted as stopped:    # not a failure: the next invocation resumes it
+            kio.write_json(run_dir / "metrics.json", {
+                **base_record(cfg), "status": "preempted", "error": None,
+                "preempted": stopped.where, "environment": environment(state.num_processes)})
+            raise
         except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
             record_failed(cfg, f"{type(err).__name__}: {err}".splitlines()[0],
                           traceback.format_exc(), environment(state.num_processes))

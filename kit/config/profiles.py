@@ -6,6 +6,8 @@
     skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
     figures: [label-quality]    figures the batch draws after its tables (label-quality, cost,
                                 gamma: kit.batch._figure)
+    report: false               no HTML report after the batch (default true: kit.results.page
+                                writes outputs/reports/<profile>/index.html)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
     task_overrides: {RTE: {lr: 2.0e-5}}
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,7 @@ from kit.config.tasks import canonical_task_name
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
-                "figures"}
+                "figures", "report"}
 
 
 class YamlLoader(yaml.SafeLoader):
@@ -65,9 +68,17 @@ class Profile:
     points: list[dict]                 # notebook parameters per run
     skip_missing_tasks: bool
     figures: tuple[str, ...] = ()
+    report: bool = True                # the HTML report after the batch (kit.results.page)
 
     def notebook_for(self, cfg: RunConfig) -> Path:
         return self.notebook or point_notebook(cfg)
+
+    def varying(self) -> list[str]:
+        """The grid's axes with more than one value, in the order the points name them: what
+        the profile's tables group on (kit.results.table_sets.profile_tables)."""
+        keys = dict.fromkeys(k for p in self.points for k in p)
+        return [k for k in keys
+                if len({json.dumps(p.get(k), sort_keys=True) for p in self.points}) > 1]
 
 
 def profile_path(name: str) -> Path:
@@ -160,8 +171,11 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
         raise ConfigError(f"{path}: notebook {notebook.name} not found in notebooks/")
     figures = spec.get("figures") or []
     figures = tuple(figures if isinstance(figures, list) else [figures])
+    report = spec.get("report", True)
+    if not isinstance(report, bool):
+        raise ConfigError(f"{path}: `report` must be true or false, got {report!r}")
     return Profile(path.stem, path, notebook, points, bool(spec.get("skip_missing_tasks", False)),
-                   figures)
+                   figures, report)
 
 
 def shard(points: list, spec: str | None) -> list:

@@ -28,6 +28,7 @@ RANGES = {
     "eval_batch_size": "[1, inf)", "grad_accum": "[1, inf)", "max_length": "[8, 4096]",
     "max_train_examples": "[0, inf)", "synthetic_size": "[8, inf)", "ssa_start_epoch": "[0, inf)",
     "log_every": "[1, inf)", "layer_decay": "(0, 1]", "freeze_layers": "[0, inf)",
+    "checkpoint_minutes": "[0, inf)", "checkpoint_steps": "[0, inf)",
     "pd_factor": "[0, inf)", "ad_factor": "[0, inf)", "synthetic_spurious": "[0, 1]",
     "synthetic_distractors": "[0, 64]", "steps_per_epoch": "[0, inf)", "adapter_rank": "[0, inf)",
     "gate_start_epoch": "[0, inf)", "freeze_qkv_epoch": "[0, inf)", "mlm_probability": "(0, 1)",

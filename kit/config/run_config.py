@@ -138,6 +138,10 @@ class RunConfig:
     # outputs
     outputs_dir: str = "outputs"
     save_checkpoints: bool = True
+    # mid-epoch checkpoints (kit.train.run_state): every N minutes and / or every N optimizer
+    # steps (0 = off); a signal (SIGTERM, SIGUSR1, SIGINT) also writes one before the run stops
+    checkpoint_minutes: float = 10.0
+    checkpoint_steps: int = 0
     predict_test: bool = False
     save_epoch_predictions: bool = False   # predictions/dev_epoch<N>.tsv every epoch (OOF per epoch)
     log_every: int = 10
@@ -147,7 +151,8 @@ class RunConfig:
                                              # (kit.train.tracking)
 
     # fields that do not change what is computed; they stay out of the run id
-    _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "save_labels", "profile",
+    _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "checkpoint_minutes",
+                     "checkpoint_steps", "save_labels", "profile",
                      "log_every", "eval_batch_size", "save_epoch_predictions", "report_to")
 
     def __post_init__(self):

@@ -30,7 +30,8 @@ from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask
 from kit.train.pretrain import Pretrain
 from kit.train.run_state import CheckpointError  # noqa: F401 (public)
-from kit.runs import RunLocked, finished_metrics, run_dir_of  # noqa: F401 (public)
+from kit.runs import RunLocked, RunPreempted, finished_metrics, run_dir_of  # noqa: F401 (public)
+from kit.train.preemption import PREEMPTED_EXIT
 from kit.methods.ssa import SSASettings
 from kit.methods.epochs import build_epoch
 from kit.data.token_cache import token_cache_dir
@@ -161,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return 0 if fit(cfg).get("status") == "ok" else 1
+    except RunPreempted as err:   # recorded as preempted: a job script requeues on this status
+        print(f"error: RunPreempted: {err}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except Exception as err:      # recorded in metrics.json with its traceback; one line here
         print(f"error: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from kit.train import preemption
 from kit.train import progress as kprogress
 from kit.train import run_state
 from kit import runs
@@ -36,14 +37,11 @@ from kit.train.metrics import flatten_metrics
 from kit.models.model_io import save_model
 from kit.train.optim import LinearSchedule, parameter_groups
 from kit.train.provenance import environment
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
+from kit.train.step import NonFiniteLoss, check_finite, history_row, train_step  # noqa: F401
 
 
 @dataclass
-class Epoch:
+class Epoch(run_state.EpochWork):
     """One epoch's training work: the examples of each task and the plan of global batches
     (task index, rows of that task's examples), plus SSA label statistics if any."""
     sets: list[Examples]
@@ -62,7 +60,12 @@ class Job:
     find_unused_parameters = False
 
     def resumed(self, epoch: int) -> None:
-        """Fast-forward any state that carries across epochs to after `epoch`."""
+        """Fast-forward any state that carries across epochs to where it was once the batches of
+        epochs 0 .. `epoch` were drawn (a resumed run; -1: none)."""
+
+    def begin(self, epoch: int, unwrapped) -> None:
+        """Set what this epoch's steps rely on (gated stages, masking seeds): before its first
+        step, and again when a run resumes inside it."""
 
     def epoch(self, epoch: int, probe: Callable[[Examples], np.ndarray], unwrapped) -> Epoch:
         raise NotImplementedError
@@ -100,16 +103,21 @@ class Job:
 
 def recorded(cfg: RunConfig, build: Callable[[RunConfig], Job]) -> dict:
     """`run` inside the outputs contract's frame (kit.runs.run_recorded: skip if finished, lock,
-    config.json, metrics.json ok / failed with the run's environment): what fit() of every kind
+    config.json, metrics.json ok / failed / preempted with the run's environment), with SIGTERM,
+    SIGUSR1 and SIGINT noted rather than fatal (kit.train.preemption): what fit() of every kind
     of job returns."""
-    return runs.run_recorded(cfg, lambda c, run_dir: run(c, run_dir, build), process_state(),
-                             environment)
+    stop = preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
+    with preemption.catching(stop):
+        return runs.run_recorded(cfg, lambda c, run_dir: run(c, run_dir, build, stop),
+                                 process_state(), environment)
 
 
 @explain_mps_errors()       # an operator MPS lacks: one line naming it and the way round
-def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dict:
+def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
+        stop: preemption.Stop | None = None) -> dict:
     """Train and evaluate one config with the job `build(cfg)` makes (`build` is a Job class);
-    returns the metrics."""
+    returns the metrics. `stop`: the signals noted (kit.train.preemption); when one is, the run
+    stops after its current step with a checkpoint and raises kit.runs.RunPreempted."""
     from accelerate.utils import set_seed
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
@@ -134,49 +142,60 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
     def predict(examples: Examples, desc: str = "eval") -> np.ndarray:
         return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc)
 
-    # accelerate saves and restores the model, optimizer, every rank's RNG and this progress
+    # accelerate saves and restores the model, optimizer and every rank's RNG; run_state this
+    # progress (JSON) and, inside an epoch, the epoch's examples and batches as drawn
+    stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
+    last = runs.checkpoint_dir(run_dir) / "last" if cfg.save_checkpoints else None
     progress = run_state.Progress()
-    accelerator.register_for_checkpointing(progress)
-    if cfg.save_checkpoints:
-        run_state.resume(accelerator, run_dir, progress)
-    job.resumed(progress.epoch)
+    inside = run_state.resume(accelerator, run_dir, progress) if cfg.save_checkpoints else None
+    job.resumed(progress.epoch + (inside is not None))
     if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
         model = torch.compile(model, dynamic=True)
     # lr follows the position in the data, not a count of updates: an fp16 step the loss scaler
     # skips (inf / NaN gradients) loses its update but does not shift the schedule, which stays
     # what resume restores (accelerate's own skip flag is wrong with fused AdamW: docs/gpu.md)
-    lr = schedule.set_progress((progress.epoch + 1) / cfg.epochs)
+    done = progress.epoch + 1 + (progress.position / len(inside.plan) if inside else 0)
+    lr = schedule.set_progress(done / cfg.epochs)
     walls, best_in_memory = progress.walls, None
     started = time.perf_counter() - progress.elapsed
     for epoch in range(progress.epoch + 1, cfg.epochs):
-        # (1) the epoch's batches: SSA probes with the model as it stands after epoch - 1
-        t0 = time.perf_counter()
         shown = shown_epoch(epoch, cfg)          # progress lines count epochs from 1
-        work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {shown} label generation"),
-                         unwrapped)
-        walls["label_generation"] += time.perf_counter() - t0
-        if work.label_stats is not None:
-            progress.label_stats.append(work.label_stats)
-        if accelerator.num_processes > 1:   # dropout: a stream per rank, reproducible per epoch
-            torch.manual_seed(hash((cfg.seed, epoch, accelerator.process_index)) % 2**63)
+        job.begin(epoch, unwrapped)
+        if inside is None:
+            # (1) the epoch's batches: SSA probes with the model as it stands after epoch - 1
+            t0 = time.perf_counter()
+            work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {shown} label generation"),
+                             unwrapped)
+            walls["label_generation"] += time.perf_counter() - t0
+            if work.label_stats is not None:
+                progress.label_stats.append(work.label_stats)
+            if accelerator.num_processes > 1:   # dropout: a stream per rank, reproducible per epoch
+                torch.manual_seed(hash((cfg.seed, epoch, accelerator.process_index)) % 2**63)
+            progress.position, progress.window, progress.window_tasks = 0, [], []
+            progress.epoch_losses, progress.epoch_train_s = [[] for _ in job.tasks], 0.0
+        else:    # resumed inside this epoch: its batches as drawn, every RNG where it was
+            work, inside = Epoch(inside.sets, inside.plan, inside.label_stats), None
+            progress.resumed_at = {"epoch": epoch, "position": progress.position}
+            if accelerator.is_local_main_process:
+                kprogress.note(f"resumed from a mid-epoch checkpoint: epoch {shown}, batch "
+                               f"{progress.position}/{len(work.plan)}, step {progress.step}")
 
         # (2) train: dropout on (model.train() every epoch: probing and eval switch it off)
         t0 = time.perf_counter()
         model.train()
-        running, running_tasks, epoch_losses = [], [], [[] for _ in job.tasks]
-        steps = kprogress.bar(work.plan, desc=f"epoch {shown} train",
+        running = [torch.tensor(row) for row in progress.window]
+        running_tasks, epoch_losses = progress.window_tasks, progress.epoch_losses
+        steps = kprogress.bar(work.plan[progress.position:], desc=f"epoch {shown} train",
+                              initial=progress.position, total=len(work.plan),
                               disable=not accelerator.is_local_main_process)
-        for i, (t, rows) in enumerate(steps):
+        for i, (t, rows) in enumerate(steps, progress.position):
             batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id),
                               accelerator.device)
-            with accelerator.accumulate(model):
-                terms = job.loss_terms(model, batch, t)
-                accelerator.backward(terms["loss"])
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    lr = schedule.set_progress((epoch + (i + 1) / len(work.plan)) / cfg.epochs)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+            at = (epoch + (i + 1) / len(work.plan)) / cfg.epochs
+            terms = train_step(accelerator, model, optimizer,
+                               lambda: job.loss_terms(model, batch, t), cfg.max_grad_norm,
+                               lambda: schedule.set_progress(at))
+            lr = schedule.lr
             running.append(torch.stack([v.detach() for v in terms.values()]))
             running_tasks.append(t)
             progress.step += 1
@@ -194,9 +213,21 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
                 running, running_tasks = [], []
                 steps.set_postfix(loss=f"{progress.history[-1]['loss']:.4f}", refresh=False)
                 accelerator.log(ktracking.step_scalars(progress.history[-1]), step=progress.step)
+            if not accelerator.sync_gradients:   # a checkpoint keeps no half-accumulated gradient
+                continue
+            stopping, due = stop.agreed(progress.step, accelerator)
+            if cfg.save_checkpoints and (stopping or (due and i + 1 < len(work.plan))):
+                progress.window = [row.float().tolist() for row in running]
+                progress.window_tasks, progress.lr = list(running_tasks), lr
+                t0 = run_state.save_inside(accelerator, run_dir, progress, work, i + 1, t0,
+                                           started)
+                stop.checkpointed()
+            if stopping:
+                steps.close()
+                raise runs.RunPreempted(stop.where(epoch, progress.position, progress.step, last))
         steps.close()
-        epoch_train_s = time.perf_counter() - t0
-        walls["train"] += epoch_train_s
+        walls["train"] += time.perf_counter() - t0
+        epoch_train_s = progress.epoch_train_s + time.perf_counter() - t0
 
         # (3) evaluate on the full dev set(s); checkpoint best, then last with the loop state
         t0 = time.perf_counter()
@@ -223,11 +254,14 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job]) -> dic
         if main:
             runs.write_history(run_dir, progress.history)
         walls["eval"] += time.perf_counter() - t0
-        progress.epoch, progress.elapsed = epoch, time.perf_counter() - started
+        progress.epoch, progress.elapsed, progress.position = epoch, time.perf_counter() - started, None
         if cfg.save_checkpoints:            # every rank: each saves its RNG state
             run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir, improved,
-                                  job.save)
+                                       job.save, progress)
+            stop.checkpointed()
         accelerator.wait_for_everyone()     # the other ranks may read the checkpoint next
+        if epoch + 1 < cfg.epochs and stop.agreed(progress.step, accelerator)[0]:
+            raise runs.RunPreempted(stop.where(epoch + 1, 0, progress.step, last))  # in eval
 
     if job.has_test:                   # GLUE with predict_test, a CSV task's csv_test_path
         best = (job.load(runs.checkpoint_dir(run_dir) / "best")[0].state_dict()
@@ -253,23 +287,6 @@ def shown_epoch(epoch: int, cfg: RunConfig) -> str:
     return f"{epoch + 1}/{cfg.epochs}"
 
 
-def history_row(step: int, epoch: float, wall_s: float, names: list[str], window: torch.Tensor,
-                window_tasks: list[int], task_names: list[str], epoch_losses: list[list[float]],
-                lr: float) -> dict:
-    """A history.csv row: the window's mean of each loss term; with several tasks also the
-    mean loss of each task in the window (`loss_<TASK>`), kept per task for the epoch record."""
-    row = {"step": step, "epoch": epoch, "wall_s": wall_s,
-           **dict(zip(names, window.mean(0).tolist()))}
-    values = window[:, 0].tolist()
-    per_task: dict[str, list[float]] = {}
-    for t, value in zip(window_tasks, values):
-        epoch_losses[t].append(value)
-        per_task.setdefault(f"loss_{task_names[t]}", []).append(value)
-    if len(task_names) > 1:
-        row.update({k: float(np.mean(v)) for k, v in per_task.items()})
-    return {**row, "lr": lr}
-
-
 def shard(rows: list[int], accelerator) -> list[int]:
     """This rank's part of a global batch: rows[rank::n]. A batch smaller than the number of
     processes is cycled so every rank has a row (its repeats weigh the same as the originals)."""
@@ -287,22 +304,6 @@ def to_device(batch: dict, device) -> dict:
     if device.type == "cuda":
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
-
-
-def check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int,
-                 precision: str = "no") -> None:
-    """Stop at the first non-finite loss of the logging window, naming its step and terms. The
-    losses are fp32 (computed from the forward's fp32 outputs) under every precision, so a
-    non-finite one is a divergence, or under fp16 a forward that left fp16's range; gradients
-    that overflow under fp16 are the loss scaler's business (it skips that step), not this."""
-    bad = (~torch.isfinite(window)).any(dim=1).nonzero()
-    if len(bad):
-        row = int(bad[0])
-        at = step - len(window) + row
-        hint = ("; fp16 autocast: activations may have left fp16's range (65504), bf16 or no "
-                "would keep them" if precision == "fp16" else "")
-        raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {at}: " + ", ".join(
-            f"{k}={v:.4g}" for k, v in zip(names, window[row].tolist())) + hint)
 
 
 @torch.inference_mode()

@@ -169,11 +169,13 @@ class MultiTask(loop.Job):
         for e in range(epoch + 1):      # replay finished epochs: the streams carry over
             self.mixer.epoch(e)
 
-    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
+    def begin(self, epoch: int, unwrapped) -> None:
         # every parameter joined the optimizer; stages only switch requires_grad (AdamW skips a
         # parameter without a gradient, so a frozen one is neither moved nor decayed)
         self.stage = apply_stage(unwrapped, epoch, self.cfg.gate_start_epoch,
                                  self.cfg.freeze_qkv_epoch, self.trainable)
+
+    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
         return loop.Epoch(self.train, self.mixer.epoch(epoch))
 
     def loss_terms(self, model, batch: dict, task: int) -> dict:

@@ -109,9 +109,12 @@ class LinearSchedule:
     def __init__(self, optimizer, warmup_ratio: float):
         self.optimizer, self.warmup = optimizer, warmup_ratio
         self.base = [g["lr"] for g in optimizer.param_groups]
+        self.lr = self.base[0]
 
     def set_progress(self, p: float) -> float:
+        """Set the lr of progress `p`; returns (and keeps as `lr`) the first group's."""
         factor = p / self.warmup if p < self.warmup else (1 - p) / (1 - self.warmup)
         for group, lr in zip(self.optimizer.param_groups, self.base):
             group["lr"] = lr * max(factor, 0.0)
-        return self.optimizer.param_groups[0]["lr"]
+        self.lr = self.optimizer.param_groups[0]["lr"]
+        return self.lr

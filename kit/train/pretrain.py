@@ -165,8 +165,10 @@ class Pretrain(loop.Job):
                        for o in word_offsets(self.tokenizer, s, cfg.max_length, p.input_ids)]
         return Examples.concat(parts), offsets
 
-    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
+    def begin(self, epoch: int, unwrapped) -> None:
         self.epoch_index = epoch                 # masks of this epoch's batches follow it
+
+    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
         cfg = self.cfg
         rng = np.random.default_rng([cfg.seed, epoch])
         batches = (length_grouped_batches(self.train.lengths, cfg.batch_size, rng)

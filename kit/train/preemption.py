@@ -1,0 +1,125 @@
+"""Stopping on a scheduler's signal: SIGTERM, SIGUSR1 (SLURM's `--signal`) and SIGINT (Ctrl-C).
+
+A handler only notes the signal; the loop (kit.train.loop) looks at the note after every step,
+finishes nothing more than that step, writes a mid-epoch checkpoint and raises kit.runs.
+RunPreempted, which the outputs contract records as status `preempted` (not `failed`) and the
+doors turn into exit status 75 (EX_TEMPFAIL: "try again"), the status a job script requeues on.
+
+With several processes every rank must stop at the same step, or the checkpoint would mix
+ranks from different steps: `Stop.agreed` all-reduces (sums) the note of every rank together with
+the main process's "a checkpoint is due" clock, so a signal to any one rank (or to torchrun,
+which passes SIGTERM / SIGINT on to every worker) stops all of them after the same step, and
+the time-based checkpoints happen on the same step everywhere though the ranks' clocks differ.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+PREEMPTED_EXIT = 75          # sysexits.h EX_TEMPFAIL: a temporary failure, retry later
+
+
+class Stop:
+    """What the handlers noted (`signal`: the first signal's name, or None) and the clock of the
+    time-based checkpoints."""
+
+    def __init__(self, every_minutes: float = 0.0, every_steps: int = 0):
+        self.signal: str | None = None
+        self.every_s, self.every_steps = every_minutes * 60, every_steps
+        self.last_checkpoint = time.monotonic()
+
+    def note(self, signum, frame=None) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+
+    def checkpointed(self) -> None:
+        self.last_checkpoint = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """A checkpoint is due after optimizer step `step` (this process's clock)."""
+        by_steps = self.every_steps > 0 and step % self.every_steps == 0
+        by_time = self.every_s > 0 and time.monotonic() - self.last_checkpoint >= self.every_s
+        return by_steps or by_time
+
+    def where(self, epoch: int, batch: int | None, step: int, checkpoint: Path | None) -> dict:
+        """What metrics.json records of the stop: the signal, when, on which host, and where
+        the run resumes (`epoch`: 0-based here, counted from 1 in the record as in the progress
+        lines; `batch`: batches of that epoch done)."""
+        return {"signal": self.signal,
+                "at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "host": socket.gethostname(), "epoch": epoch + 1, "batch": batch, "step": step,
+                "checkpoint": checkpoint and str(checkpoint)}
+
+    def agreed(self, step: int, accelerator) -> tuple[bool, bool]:
+        """(stop, checkpoint due) after `step`, the same on every rank: stop if any rank was
+        signalled; due by the main process's clock (or the step count). One process: no
+        collective."""
+        stop, due = self.signal is not None, self.due(step)
+        if accelerator.num_processes == 1:
+            return stop, due
+        flags = torch.tensor([float(stop), float(due and accelerator.is_main_process)],
+                             device=accelerator.device)
+        flags = accelerator.reduce(flags, "sum")
+        if flags[0] and self.signal is None:
+            self.signal = "peer"           # another rank was signalled
+        return bool(flags[0]), bool(flags[1])
+
+
+@contextlib.contextmanager
+def catching(stop: Stop):
+    """Route SIGTERM / SIGUSR1 / SIGINT to `stop.note` while the block runs, then restore the
+    previous handlers (a warm notebook kernel goes on with its own). Signal handlers can only be
+    set from the main thread; elsewhere the block runs without them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.signal(s, stop.note) for s in SIGNALS}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class _Forwarder:
+    """The batch's side of a preemption (kit.train.preemption has the run's): the first SIGTERM,
+    SIGUSR1 or SIGINT is noted (`received`; the batch then starts no new point) and passed on to
+    the point that runs - SIGINT to its notebook kernel (which sits in a session of its own, so a
+    signal to the batch does not reach it; an idle kernel ignores SIGINT), SIGTERM to torchrun
+    (which passes SIGTERM on to every worker; SIGUSR1 would kill it). The run stops after its
+    current step with a checkpoint."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self.kernels = None      # set while a point runs in a kernel
+        self.child = None                        # set while a point runs under torchrun
+
+    def __call__(self, signum, frame) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+        elif self.kernels is not None:
+            self.kernels.interrupt()
+
+
+FORWARD = _Forwarder()
+
+
+@contextlib.contextmanager
+def forwarding_signals():
+    """FORWARD handles SIGTERM / SIGUSR1 / SIGINT while the block runs (a batch, kit.run)."""
+    FORWARD.received = None
+    previous = {s: signal.signal(s, FORWARD) for s in SIGNALS}
+    try:
+        yield FORWARD
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

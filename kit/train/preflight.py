@@ -1,0 +1,77 @@
+"""A batch's pre-flight: every point's config and every task's data files checked before any
+notebook kernel starts, so a typo or a bad file stops the batch in seconds with one line
+naming the file (kit.batch, kit.run)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from kit import methods
+from kit.config.profiles import Profile
+from kit.config.run_config import RunConfig
+from kit.config.tasks import GLUE_TASKS
+from kit.data.hub import hub_unreachable
+from kit.data.pipeline import glue_source, load_task_data
+from kit.data.readers import DataError
+from kit.methods.mlm import load_text
+from kit.models.backbones import check_hub_model
+from kit.train import tracking as ktracking
+
+@functools.cache
+def _hub_reason() -> str | None:
+    return hub_unreachable()
+
+
+def missing_task_files(cfg: RunConfig) -> str | None:
+    """Why a GLUE task cannot run (found nowhere: its files are absent, or it would come from
+    an unreachable hub), else None. A glue_dir / GLUE_DIR that does not exist raises DataError."""
+    task = GLUE_TASKS.get(cfg.task)          # RunConfig spells task names as the registry does
+    if task is None:
+        return None
+    source = glue_source(cfg.glue_dir, task.name)
+    if source == "hub":
+        reason = _hub_reason()
+        return (f"{task.name}: not in the project's data/glue, no glue_dir or GLUE_DIR set, and "
+                f"the hub is unreachable ({reason})") if reason else None
+    for split in ("train", *task.dev_splits, *(task.test_splits if cfg.reads_test else ())):
+        if not (source / task.name / f"{split}.tsv").exists():
+            return f"{source / task.name / (split + '.tsv')} not found"
+    return None
+
+
+def _data_key(cfg: RunConfig) -> tuple:
+    """The fields that decide which files a point reads and how they are checked (not seeds,
+    methods or knobs; pretraining checks that there is text)."""
+    return (cfg.task, cfg.glue_dir, cfg.reads_test, cfg.n_folds, cfg.fold,
+            methods.get(cfg.method).pretrain, cfg.pretrain_eval_text,
+            *(getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name.startswith("csv_")))
+
+
+def _single_task_configs(cfg: RunConfig) -> list[RunConfig]:
+    """A multi-task point reads each of its tasks like a single-task run would."""
+    if not cfg.tasks:
+        return [cfg]
+    return [dataclasses.replace(cfg, task=t, tasks=(), method="bert") for t in cfg.tasks]
+
+
+def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
+    """Check every point's data before any kernel starts; returns {run_id: why} for points to
+    skip (their task is found nowhere and the profile says skip_missing_tasks). Raises one-line
+    ConfigError / DataError for everything else: a task missing from a profile that needs it, a
+    glue_dir that does not exist, a malformed file (with its line), a tracker not installed."""
+    absent, checked = {}, {}
+    for point in points:
+        cfg = RunConfig.from_dict(point)
+        ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
+        check_hub_model(cfg.model)               # offline and not cached: one line, now
+        for one in _single_task_configs(cfg):
+            key = _data_key(one)
+            if key not in checked:
+                checked[key] = missing_task_files(one)
+                if checked[key] is None:         # parses the files: bad rows fail here, named
+                    (load_text if methods.get(one.method).pretrain else load_task_data)(one)
+            if checked[key] is not None:
+                if not profile.skip_missing_tasks:
+                    raise DataError(f"{profile.path}: {checked[key]}")
+                absent[cfg.run_id] = checked[key]
+    return absent
