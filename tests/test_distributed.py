@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from kit.config.run_config import RunConfig
-from kit.runs import run_dir_of
+from kit.runs import read_saved_epoch, run_dir_of
 from kit.train.finetune import fit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,20 +45,22 @@ def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):
     return json.loads((run_dir_of(cfg) / "metrics.json").read_text())
 
 
-def kill_all(config: Path) -> None:
-    """SIGKILL every process started for `config` (torchrun puts its workers in sessions of
-    their own, so killing its process group would leave them running)."""
+def worker(config: Path, rank: int) -> int:
+    """The pid of the torchrun worker of `config` with this local rank."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if str(config).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            pass
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(config).encode() in cmd and b"torch.distributed.run" not in cmd \
+                and f"LOCAL_RANK={rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} worker of {config}")
 
 
 def labels(cfg: RunConfig, epoch: int = 0):
-    blob = torch.load(run_dir_of(cfg) / "ssa_labels" / f"epoch{epoch}.pt", weights_only=False)
-    return blob["epoch_set"]
+    return read_saved_epoch(run_dir_of(cfg), epoch)["epoch_set"]
 
 
 def test_ssa_h_on_two_processes_through_the_batch_runner(tmp_path):
@@ -111,28 +112,37 @@ def test_other_method_families_train_on_two_processes(tmp_path, extra):
                                                              for e in one["epochs"]]
 
 
-def test_a_killed_two_process_run_resumes_to_the_uninterrupted_metrics(tmp_path):
-    base = {**SSA, "synthetic_size": 600, "epochs": 3, "save_labels": False}   # epochs of ~0.6 s
-    killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
-    # the uninterrupted run trains alongside (its own config file, so kill_all spares it):
-    # three torchrun starts are most of this test's time, and two of them overlap
+def test_a_signal_to_one_rank_stops_both_at_one_checkpoint_and_resume_equals_uninterrupted(
+        tmp_path):
+    """SIGTERM to rank 1 only, mid-epoch: both ranks stop after the same step (they agree on it
+    every step), write one checkpoint and record preempted; torchrun again resumes inside the
+    epoch and ends with the uninterrupted 2-process run's metrics."""
+    base = {**SSA, "synthetic_size": 600, "epochs": 3, "save_labels": False,
+            "checkpoint_steps": 12}
+    stopped = RunConfig(**base, outputs_dir=str(tmp_path / "stopped"))
+    # the uninterrupted run trains alongside (its own config file): three torchrun starts are
+    # most of this test's time, and two of them overlap
     (tmp_path / "straight").mkdir()
-    straight_cfg = RunConfig(**base, outputs_dir=str(tmp_path / "straight"))
+    straight_cfg = RunConfig(**{**base, "checkpoint_steps": 0},
+                             outputs_dir=str(tmp_path / "straight"))
     straight_proc = torchrun(straight_cfg, tmp_path / "straight", wait=False)
-    proc = torchrun(killed, tmp_path, wait=False)
-    state = run_dir_of(killed) / "checkpoint" / "last"   # swapped in whole
+    proc = torchrun(stopped, tmp_path, wait=False)
+    state = run_dir_of(stopped) / "checkpoint" / "last"   # swapped in whole
     started = time.time()
     while not state.exists():
         assert proc.poll() is None, "the run ended before its first checkpoint"
         assert time.time() - started < 300
         time.sleep(0.05)
-    kill_all(tmp_path / f"{killed.run_id}.json")    # torchrun and its workers: a preemption
-    proc.wait()
-    assert not (run_dir_of(killed) / "metrics.json").exists()
-    resumed = torchrun(killed, tmp_path)
+    os.kill(worker(tmp_path / f"{stopped.run_id}.json", rank=1), signal.SIGTERM)
+    assert proc.wait(timeout=300) != 0
+    record = json.loads((run_dir_of(stopped) / "metrics.json").read_text())
+    assert record["status"] == "preempted", record
+    assert record["preempted"]["signal"] == "a signal to another rank"   # rank 0 writes
+    resumed = torchrun(stopped, tmp_path)
     assert straight_proc.wait(timeout=600) == 0, "the uninterrupted run failed"
     straight = json.loads((run_dir_of(straight_cfg) / "metrics.json").read_text())
-    assert resumed["resumed_after_epoch"] is not None and straight["resumed_after_epoch"] is None
+    assert straight["resumed_inside_epoch"] is None
+    assert resumed["resumed_inside_epoch"]["epoch"] == 0     # the first epoch, mid-way
     drop = ("wall_s",)
     same = lambda rows: [{k: v for k, v in r.items() if k not in drop} for r in rows]  # noqa: E731
     assert same(resumed["epochs"]) == same(straight["epochs"])

@@ -1,0 +1,145 @@
+"""Preemption: SIGTERM, SIGUSR1 or SIGINT stops a run after its current step with a mid-epoch
+checkpoint and status preempted (not failed); rerunning resumes inside the epoch (same batches,
+RNGs, optimizer, lr, SSA labels, history) and ends with the uninterrupted run's metrics, for every
+method family. Two processes: tests/test_distributed.py; a batch and its exit status: below; a
+real scheduler: tests/test_slurm.py."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kit.config.run_config import RunConfig
+from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
+from kit.train import loop, preemption
+from kit.train.finetune import fit
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = dict(model="tiny", lr=5e-3, batch_size=16, epochs=2, report_to=("none",))
+FAMILIES = {     # method family: (settings, the signal it is stopped with)
+    "ssa": (dict(task="synthetic", method="ssa-h", synthetic_size=240), signal.SIGTERM),
+    "bert-mask": (dict(task="synthetic", method="bert-mask", synthetic_size=160), signal.SIGUSR1),
+    "multitask": (dict(task="multitask", tasks=("synthetic", "synthetic-pair"), method="gated",
+                       synthetic_size=96, gate_start_epoch=1, freeze_qkv_epoch=1), signal.SIGINT),
+    "mlm": (dict(task="CoLA", method="mlm", max_train_examples=160, max_length=32),
+            signal.SIGTERM),
+}
+
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
+
+
+def counting_steps(monkeypatch, at: int | None = None, signum: int = signal.SIGTERM) -> list:
+    """Count the loop's training steps; at step `at` (1-based) the process signals itself from
+    inside the step, as a scheduler's signal would land."""
+    calls, step = [], loop.train_step
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signum)
+        return step(*args, **kwargs)
+    monkeypatch.setattr(loop, "train_step", wrapped)
+    return calls
+
+
+def history(cfg: RunConfig) -> pd.DataFrame:
+    return pd.read_csv(run_dir_of(cfg) / "history.csv").drop(columns="wall_s")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_signal_mid_epoch_stops_with_a_checkpoint_and_the_rerun_ends_as_if_uninterrupted(
+        family, tmp_path, monkeypatch, comparable):
+    settings, signum = FAMILIES[family]
+    settings = {**QUIET, **settings}
+    steps = counting_steps(monkeypatch)
+    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
+    straight = fit(straight_cfg)
+    at = len(steps) * 3 // 4                 # inside the second epoch (its SSA labels too)
+    counting_steps(monkeypatch, at, signum)
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
+    with pytest.raises(RunPreempted):
+        fit(cfg)
+    record = read_metrics(run_dir_of(cfg))
+    stopped = record["preempted"]
+    assert record["status"] == "preempted" and record["error"] is None
+    assert stopped["signal"] == signum.name and stopped["step"] == at and stopped["epoch"] == 2
+    assert 0 < stopped["batch"] and stopped["checkpoint"].endswith("checkpoint/last")
+    assert (checkpoint_dir(run_dir_of(cfg)) / "epoch1" / "plan.npz").exists()
+    assert signal.getsignal(signum) is not preemption.Stop.note   # the handlers are put back
+
+    resumed = fit(cfg)
+    assert resumed["status"] == "ok"
+    assert resumed["resumed_inside_epoch"] == {"epoch": 1, "position": stopped["batch"]}
+    assert comparable(resumed) == comparable(straight)
+    assert history(cfg).equals(history(straight_cfg))
+    assert not list(checkpoint_dir(run_dir_of(cfg)).glob("epoch*"))  # kept only inside an epoch
+
+
+def test_checkpoints_by_step_count_resume_where_the_last_one_was(tmp_path, monkeypatch,
+                                                                 comparable):
+    """checkpoint_steps: a checkpoint every N steps; a SIGKILL (no chance to write one) loses
+    only the steps since the last of them."""
+    settings = {**QUIET, **FAMILIES["ssa"][0], "checkpoint_steps": 4}
+    straight = fit(RunConfig(**settings, outputs_dir=str(tmp_path / "straight")))
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "killed"))
+
+    class Killed(BaseException):          # stands in for SIGKILL: nothing runs after it
+        pass
+    calls, step = [], loop.train_step
+
+    def dies_at_step_22(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 22:
+            raise Killed
+        return step(*args, **kwargs)
+    monkeypatch.setattr(loop, "train_step", dies_at_step_22)
+    with pytest.raises(Killed):
+        fit(cfg)
+    monkeypatch.setattr(loop, "train_step", step)
+    state = json.loads((checkpoint_dir(run_dir_of(cfg)) / "last" / "progress.json").read_text())
+    assert state["step"] == 20                # the last multiple of 4 before the kill
+    resumed = fit(cfg)
+    assert comparable(resumed) == comparable(straight)
+
+
+def test_a_signal_outside_any_run_leaves_the_handlers_as_they_were():
+    before = {s: signal.getsignal(s) for s in preemption.SIGNALS}
+    stop = preemption.Stop()
+    with preemption.catching(stop):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.signal == "SIGUSR1"
+    assert {s: signal.getsignal(s) for s in preemption.SIGNALS} == before
+
+
+def test_a_preempted_batch_exits_75_and_the_rerun_resumes_the_point_first(tmp_path):
+    """`python -m kit.batch`: SIGUSR1 (what SLURM's --signal sends) while a point trains. The
+    batch forwards it to the point's kernel, starts no new point, says what it left in one line
+    and exits 75; the same command again resumes that point first (mid-epoch) and finishes."""
+    profile = tmp_path / "stoppable.yaml"
+    profile.write_text("notebook: finetune\ngrid:\n  task: synthetic\n  method: [ssa-h, bert]\n"
+                       "  model: tiny\n  synthetic_size: 600\n  epochs: 2\n  lr: 5.0e-3\n"
+                       "  checkpoint_steps: 5\n  report_to: [none]\n")
+    outputs, log = tmp_path / "out", tmp_path / "batch.log"
+    cmd = [sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(outputs)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        started = time.time()
+        while not list(outputs.glob("runs/*/checkpoint/last")):   # the first point trains
+            assert proc.poll() is None and time.time() - started < 300, log.read_text()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        proc.wait(timeout=300)
+    out = log.read_text()
+    assert proc.returncode == preemption.PREEMPTED_EXIT, out[-3000:]
+    assert "stopped by SIGUSR1" in out and "1 run(s) preempted with a checkpoint, 1 not started" \
+        in out, out[-2000:]
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resumed from a mid-epoch checkpoint: epoch 1/2" in again.stdout + again.stderr
+    assert "[1/2] task=synthetic method=ssa-h" in again.stdout       # the preempted point first
