@@ -192,3 +192,13 @@ def test_the_speed_section(monkeypatch):
     monkeypatch.setattr(doctor, "probe", fails)
     assert doctor.speed("mps", "no") == (
         {"probe": "failed — RuntimeError: no fused AdamW here"}, {})
+
+
+def test_the_probe_times_the_loops_own_step(monkeypatch):
+    """The doctor's probe has no training step of its own: it calls kit.train.step.train_step,
+    the one the loop takes (warm-up steps included)."""
+    from kit.train import step
+    calls, real = [], step.train_step
+    monkeypatch.setattr(step, "train_step", lambda *a, **k: calls.append(1) or real(*a, **k))
+    result = speed_probe.probe("cpu", "no", budget_s=0.2, warmup=1)
+    assert len(calls) == result["steps"] + 1 and result["precision"] == "no"

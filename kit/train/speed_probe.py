@@ -61,40 +61,42 @@ def time_steps(step, budget_s: float, warmup: int = 2) -> tuple[float, int]:
 
 
 def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -> dict:
-    """Real training steps of the embedded model on one thread, as kit.train.loop takes them: the kit's
-    SequenceModel (bert), autocast at `precision`, fp32 loss, backward, clipping, fused AdamW.
-    Fresh every time: a new model and optimizer, nothing cached."""
+    """Real training steps of the embedded model on one thread: the loop's own step
+    (kit.train.step.train_step: the accelerator's autocast at `precision`, the single-task loss,
+    backward, clipping, fused AdamW) on the kit's SequenceModel (bert). Fresh every time: a new
+    model, optimizer and accelerator, nothing cached. `device`: the one the accelerator picks
+    (kit.train.accel.machine_device), named in the result."""
     from transformers.utils import logging
     from kit.models.backbones import load_backbone
     from kit.methods.bert import HeadSpec, SequenceModel
+    from kit.train.accel import make_accelerator
+    from kit.train.finetune import loss_terms
+    from kit.train.step import train_step
     logging.disable_progress_bar()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = SequenceModel(load_backbone("minilm")[0], HeadSpec(num_labels=2)).train().to(device)
+        accelerator = make_accelerator(precision)
+        model = SequenceModel(load_backbone("minilm")[0], HeadSpec(num_labels=2)).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        ids = torch.randint(1000, 20000, (PROBE_BATCH, PROBE_LENGTH), device=device)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        ids = torch.randint(1000, 20000, (PROBE_BATCH, PROBE_LENGTH), device=accelerator.device)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                  "special_mask": torch.zeros_like(ids, dtype=torch.bool),
-                 "labels": torch.randint(0, 2, (PROBE_BATCH,), device=device)}
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+                 "labels": torch.randint(0, 2, (PROBE_BATCH,), device=accelerator.device)}
         sync = {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}
 
         def step(full: bool):
             inputs = {k: v if full else v[:WARMUP_ROWS] for k, v in batch.items()}
-            labels = inputs.pop("labels")
-            with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
-                logits = model(**inputs)["logits"]
-            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            sync.get(device, lambda: None)()
+            train_step(accelerator, model, optimizer,
+                       lambda: loss_terms(model, inputs, regression=False, alpha=1.0), 1.0)
+            sync.get(accelerator.device.type, lambda: None)()
         seconds, steps = time_steps(step, budget_s, warmup)
     finally:
         torch.set_num_threads(threads)
     return {"s_per_step": round(seconds, 4), "steps": steps, "device": device,
-            "precision": precision, "shape": f"{PROBE_BATCH} x {PROBE_LENGTH} tokens, 1 thread"}
+            "precision": accelerator.mixed_precision,
+            "shape": f"{PROBE_BATCH} x {PROBE_LENGTH} tokens, 1 thread"}
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
