@@ -59,7 +59,8 @@ def test_the_graph_reader_sees_function_level_imports(tmp_path):
 
 
 def test_one_training_loop_and_one_owner_of_run_folders():
-    """Only kit.train.loop steps an optimizer (and kit.train.speed_probe, timing it); only
+    """Only kit.train.step steps an optimizer (the loop's step, which the doctor's probe times
+    too); only
     kit.runs writes or parses a run's metrics.json, config.json and history.csv
     (kit.models.model_io's config.json is a checkpoint's, not a run's)."""
     touches_run_file = re.compile(
@@ -67,8 +68,7 @@ def test_one_training_loop_and_one_owner_of_run_folders():
         r'|read_csv\([^)]*history|"history\.csv"\)\.(read|write)|/ "history\.csv", ')
     for path in KIT.rglob("*.py"):
         text = path.read_text()
-        # kit.train.speed_probe (the doctor's) steps a throwaway model for timing; it trains no run
-        if path.stem not in ("loop", "speed_probe"):
+        if path.stem != "step":
             assert "optimizer.step()" not in text, path.name
         if path.stem not in ("runs", "model_io"):
             assert not touches_run_file.search(text), (path.name, touches_run_file.search(text))
@@ -94,8 +94,9 @@ def test_results_modules_read_run_folders_through_kit_runs():
     "predictions" as a string of its own (messages may mention them) is kit.runs' alone."""
     run_files = {"config.json", "metrics.json", "history.csv", "predictions", "checkpoint",
                  "dev.tsv", "head_spec.json", "runs"}
-    results = ("report", "tables", "paper_table", "selection", "fold_tables", "table_sets",
-               "writers", "figure_data", "token_view", "figures", "mechanism")
+    results = ("collect", "tables", "paper_table", "selection", "fold_tables", "table_sets",
+               "writers", "figure_data", "token_view", "figures", "mechanism", "page",
+               "page_header")
     hits = [f"{name}.py: {node.value!r}" for name in results
             for node in ast.walk(ast.parse((KIT / "results" / f"{name}.py").read_text()))
             if isinstance(node, ast.Constant) and node.value in run_files]
@@ -108,7 +109,7 @@ def test_results_modules_read_run_folders_through_kit_runs():
 # read it; the methods' code files beside it are layer 5.
 LAYERS = {"kit.io": 0, "registry": 0, "kit.config": 1, "kit.runs": 2, "kit.data": 3,
           "kit.models": 4, "kit.methods": 5, "kit.train": 6, "kit.results": 7, "doors": 8}
-DOORS = ("kit.batch", "kit.run", "kit.kernels", "kit.predict", "kit.doctor")
+DOORS = ("kit.batch", "kit.run", "kit.kernels", "kit.predict", "kit.doctor", "kit.slurm")
 SUBPACKAGES = ("config", "data", "models", "methods", "train", "results")
 
 

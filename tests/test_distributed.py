@@ -63,16 +63,26 @@ def labels(cfg: RunConfig, epoch: int = 0):
     return read_saved_epoch(run_dir_of(cfg), epoch)["epoch_set"]
 
 
-def test_ssa_h_on_two_processes_through_the_batch_runner(tmp_path):
+def test_ssa_h_on_two_processes_and_on_two_nodes_through_the_batch_runner(tmp_path, comparable):
     one = fit(RunConfig(**SSA, outputs_dir=str(tmp_path / "one")))
     profile = tmp_path / "ddp.yaml"
     profile.write_text("grid:\n" + "".join(f"  {k}: {json.dumps(list(v) if isinstance(v, tuple) else v)}\n"
                                           for k, v in SSA.items()))
     out = tmp_path / "two"
+    # alongside: the same point on two "nodes" of one process each, two batches meeting at a
+    # c10d rendezvous on localhost (what --nodes does across machines)
+    nodes = [subprocess.Popen([sys.executable, "-m", "kit.batch", str(profile), "--outputs",
+                               str(tmp_path / "nodes"), "--nodes", "2", "--rdzv",
+                               f"localhost:{29500 + os.getpid() % 500}"], cwd=REPO, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
     proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
                            "--processes", "2"], cwd=REPO, env=ENV, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    for node in nodes:
+        log = node.communicate(timeout=600)[0]
+        assert node.returncode == 0 and "1 ok, 0 skipped, 0 failed" in log, log[-3000:]
     assert "1 ok, 0 skipped, 0 failed" in proc.stdout
     cfg = RunConfig(**SSA, outputs_dir=str(out.resolve()), profile="ddp")
     two = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
@@ -94,6 +104,12 @@ def test_ssa_h_on_two_processes_through_the_batch_runner(tmp_path):
     dev_rows = (run / "predictions" / "dev.tsv").read_text().splitlines()
     assert len(dev_rows) - 1 == 40 and len({r.split("\t")[0] for r in dev_rows[1:]}) == 40
     assert abs(two["best_dev"]["accuracy"] - one["best_dev"]["accuracy"]) <= DEV_TOLERANCE
+    # two nodes of one process: the same world of two ranks, so the same run, bit for bit
+    spread = json.loads((run_dir_of(RunConfig(**SSA, outputs_dir=str((tmp_path / "nodes")
+                                                                     .resolve()), profile="ddp"))
+                         / "metrics.json").read_text())
+    assert spread["processes"] == 2
+    assert comparable(spread) == comparable(two)
 
 
 @pytest.mark.parametrize("extra", [

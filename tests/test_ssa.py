@@ -1,8 +1,17 @@
 """SSA masking and labelling: property tests over random rows, and both label rules on
-hand-made predictions (a fake model whose prediction flips exactly when a chosen token is masked)."""
+hand-made predictions (a fake model whose prediction flips exactly when a chosen token is masked);
+saved labels are data: replayed exactly, a pickle in their place refused unread."""
+import os
+import shlex
+from dataclasses import fields
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
+from kit import io as kio
+from kit import runs
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import IGNORE, Examples
 from kit.methods.bert_mask import (Masking, draw_masks, masked_copies, ratio_masks, real_tokens,
@@ -203,9 +212,62 @@ def test_saved_labels_replay(tmp_path):
     train.labels = cue_model(train)
     ssa = settings(method="ssa-co", save_labels=True)
     first, stats = build_epoch(train, ssa, 1, cue_model, False, MASK, run_dir=tmp_path)
-    assert (tmp_path / "ssa_labels" / "epoch1.pt").exists()
+    assert [p.name for p in (tmp_path / "ssa_labels").iterdir()] == ["epoch1.npz"]
     replay = settings(method="ssa-co", reuse_labels_from=str(tmp_path))
-    never = lambda ex: (_ for _ in ()).throw(AssertionError("probed despite saved labels"))  # noqa: E731
     again, stats2 = build_epoch(train, replay, 1, never, False, MASK)
     assert stats2["reused"] and stats2["flipped"] == stats["flipped"]
-    assert all((p == q).all() for p, q in zip(first.ssa_labels, again.ssa_labels))
+    for field in fields(Examples):          # every field back, with its dtype
+        want, got = getattr(first, field.name), getattr(again, field.name)
+        if want is None or isinstance(want, np.ndarray):
+            assert (want is None and got is None) or (want.dtype == got.dtype
+                                                      and (want == got).all()), field.name
+        else:
+            assert [(w.dtype, w.tolist()) for w in want] == [(g.dtype, g.tolist()) for g in got]
+    (saved,) = runs.read_saved_labels(tmp_path)
+    assert saved["stats"] == stats and set(saved["epoch_set"]) == set(vars(first))
+
+
+def never(examples):
+    raise AssertionError("probed despite saved labels")
+
+
+class RunsCode:
+    """Unpickling this runs a shell command that creates a marker file: the attack a pickle in
+    a shared outputs/ folder is."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def plant(run_dir: Path, name: str, marker: Path) -> Path:
+    """A crafted pickle where SSA labels are expected: torch.save of the old layout's dict."""
+    path = runs.saved_labels_dir(run_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"epoch_set": RunsCode(marker), "stats": {}}, path)
+    return path
+
+
+@pytest.mark.parametrize("name", ["epoch1.pt", "epoch1.npz"])
+def test_a_pickle_where_labels_are_expected_is_refused_unread(tmp_path, name):
+    """In a run folder's ssa_labels/ and in a reuse_labels_from source, as an old .pt file or
+    its bytes named .npz: one line naming the file, and the code in it never runs."""
+    marker = tmp_path / "ran"
+    planted = plant(tmp_path / "run", name, marker)
+    with pytest.raises(kio.UnsafeFileError) as read:
+        list(runs.read_saved_labels(tmp_path / "run"))
+    train = make_examples(20, np.random.default_rng(12), cue_every=2)
+    train.labels = cue_model(train)
+    replay = settings(method="ssa-co", reuse_labels_from=str(tmp_path / "run"))
+    with pytest.raises(kio.UnsafeFileError) as reuse:
+        build_epoch(train, replay, 1, never, False, MASK)
+    for err in (read, reuse):
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(f"{planted}: refused"), message
+        if name.endswith(".pt"):
+            assert "regenerate them" in message, message
+    assert not marker.exists()
+    torch.load(planted, weights_only=False)      # the payload is real: the old reader ran it
+    assert marker.exists()

@@ -89,7 +89,7 @@ def store_tokens(path: Path, tokens: Tokens) -> None:
 
 
 def load_tokens(path: Path) -> Tokens:
-    with np.load(path) as z:
+    with np.load(path, allow_pickle=False) as z:   # outputs/ may be shared: data, never a pickle
         cuts = np.cumsum(z["lengths"])[:-1]
         ids = np.split(z["ids"].astype(np.int64), cuts)
         types = np.split(z["types"].astype(np.int64), cuts) if "types" in z else None

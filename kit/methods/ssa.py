@@ -33,14 +33,12 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import IGNORE, Examples, pad_rows, unpad
-from kit.io import atomic_torch_save
 from kit.methods.bert_mask import (Masking, budgeted, draw_masks, masked_copies, real_tokens,
                                    variant_counts)
-from kit.runs import saved_labels_path
+from kit.runs import read_saved_epoch, write_saved_labels
 
 PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
 
@@ -209,10 +207,12 @@ def ssa_labels_epoch(train: Examples, ssa: SSASettings, epoch: int, rng: np.rand
     if epoch < ssa.ssa_start_epoch:   # nothing probed yet (the code rule trains all-ones labels)
         return (all_ones(train) if ssa.label_rule == "code" else train), None
     started = time.perf_counter()
-    if ssa.reuse_labels_from and saved_labels_path(ssa.reuse_labels_from, epoch).exists():
-        blob = torch.load(saved_labels_path(ssa.reuse_labels_from, epoch), weights_only=False)
-        stats = {**blob["stats"], "reused": True, "wall_s": time.perf_counter() - started}
-        return Examples(**blob["epoch_set"]), stats
+    # kit.runs reads the saved arrays as data: the source may be a shared folder, and a pickle
+    # there (labels of an earlier kit version included) is refused, never loaded
+    saved = read_saved_epoch(ssa.reuse_labels_from, epoch) if ssa.reuse_labels_from else None
+    if saved is not None:
+        stats = {**saved["stats"], "reused": True, "wall_s": time.perf_counter() - started}
+        return Examples(**saved["epoch_set"]), stats
     stats = LabelStats(epoch=epoch, rule=ssa.label_rule)
     if ssa.label_rule == "paper":
         epoch_set = paper_labels(train, predict, ssa, regression, rng, mask_id, stats)
@@ -221,6 +221,5 @@ def ssa_labels_epoch(train: Examples, ssa: SSASettings, epoch: int, rng: np.rand
     epoch_set = budgeted(epoch_set, len(train), ssa.budget, rng)
     stats.finish(epoch_set, started)
     if ssa.save_labels and run_dir is not None:
-        atomic_torch_save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()},
-                          saved_labels_path(str(run_dir), epoch))
+        write_saved_labels(run_dir, epoch, vars(epoch_set), stats.to_dict())
     return epoch_set, stats.to_dict()
