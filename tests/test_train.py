@@ -71,8 +71,8 @@ def test_output_contract(tmp_path):
     best = run / "checkpoint" / "best"            # plain-transformers layout + the kit's heads
     assert (best / "config.json").exists() and (best / "heads.safetensors").exists()
     last = sorted(p.name for p in (run / "checkpoint" / "last").iterdir())   # accelerate's state
-    assert last == ["custom_checkpoint_0.pkl", "model.safetensors", "optimizer.bin",
-                    "random_states_0.pkl"]
+    assert last == ["model.safetensors", "optimizer.bin", "progress.json",   # + the loop's (JSON)
+                    "random_states_0.pkl"]                 # read back with weights_only=True
     dev = (run / "predictions" / "dev.tsv").read_text().splitlines()
     assert dev[0] == "index\tprediction\tlabel" and len(dev) == 1 + 100
     assert not list(run.rglob("*.tmp*"))
