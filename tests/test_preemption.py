@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from kit.config.run_config import RunConfig
+from kit.results import collect
 from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
 from kit.train import loop, preemption
 from kit.train.finetune import fit
@@ -71,6 +72,8 @@ def test_a_signal_mid_epoch_stops_with_a_checkpoint_and_the_rerun_ends_as_if_uni
     assert 0 < stopped["batch"] and stopped["checkpoint"].endswith("checkpoint/last")
     assert (checkpoint_dir(run_dir_of(cfg)) / "epoch1" / "plan.npz").exists()
     assert signal.getsignal(signum) is not preemption.Stop.note   # the handlers are put back
+    row = collect.load_runs([run_dir_of(cfg)]).iloc[0]     # not finished: no table counts it
+    assert row["status"] == "missing" and row["error"].startswith(f"preempted ({signum.name})")
 
     resumed = fit(cfg)
     assert resumed["status"] == "ok"
