@@ -278,6 +278,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             "train_examples_per_s": round(progress.trained_examples / max(walls["train"], 1e-9), 2),
             "peak_memory_mb": peak_memory_mb(), "ssa_labels": progress.label_stats,
             "resumed_after_epoch": progress.resumed_after_epoch,
+            "resumed_inside_epoch": progress.resumed_at,
             "processes": accelerator.num_processes,
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
 

@@ -69,7 +69,7 @@ class Stop:
                              device=accelerator.device)
         flags = accelerator.reduce(flags, "sum")
         if flags[0] and self.signal is None:
-            self.signal = "peer"           # another rank was signalled
+            self.signal = "a signal to another rank"
         return bool(flags[0]), bool(flags[1])
 
 
