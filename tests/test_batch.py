@@ -114,7 +114,7 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
     points = batch.load_profile(str(profile), str(outputs)).points
     assert len(points) == 5 and points[0]["task"] == "RTE"
 
-    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs), report=False) == 1
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert "4 ok, 0 skipped, 1 failed" in summary
     for point in points:
@@ -131,7 +131,7 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
     md = (tables / "p.md").read_text()
     assert "SSA-H" in md and "failed" in md
 
-    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs), report=False) == 1
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert "0 ok, 4 skipped, 1 failed" in summary
 
@@ -173,14 +173,15 @@ def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kernels._Manager, "start_kernel", counted)
     warm = write_profile(tmp_path, WARM_GRID)
-    assert batch.run_profile(str(warm), outputs_dir=str(tmp_path / "warm")) == 1   # one failed
+    assert batch.run_profile(str(warm), outputs_dir=str(tmp_path / "warm"),
+                             report=False) == 1   # one failed
     assert len(starts) == 2                    # the first kernel, and one after the failure
     fresh = tmp_path / "fresh" / "p.yaml"             # the same profile name, the warm point
     fresh.parent.mkdir()
     fresh.write_text(yaml.safe_dump({"grid": yaml.safe_load(WARM_GRID)["grid"][-1]}))
     assert batch.run_profile(str(fresh), outputs_dir=str(tmp_path / "fresh"),
-                             fresh_kernels=True) == 0
-    assert len(starts) == 2                    # fresh kernels are papermill's own
+                             fresh_kernels=True, report=False) == 0
+    assert len(starts) == 3                    # a fresh kernel for its one point
     fresh_runs = list((tmp_path / "fresh" / "runs").iterdir())
     assert len(fresh_runs) == 1 and fresh_runs[0].name.startswith("synthetic-bert-mask")
     for run in fresh_runs:
@@ -225,7 +226,7 @@ def test_notebook_defaults_do_not_leak_into_the_run(tmp_path):
     differ from RunConfig's: the notebook must still train exactly the runner's config."""
     path = write_profile(tmp_path, "grid:\n  model: tiny\n  epochs: 1\n  synthetic_size: 2000\n")
     outputs = tmp_path / "out"
-    assert batch.run_profile(str(path), outputs_dir=str(outputs)) == 0
+    assert batch.run_profile(str(path), outputs_dir=str(outputs), report=False) == 0
     cfg = RunConfig.from_dict(batch.load_profile(str(path), str(outputs)).points[0])
     record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert record["status"] == "ok" and record["run_id"] == cfg.run_id
@@ -285,7 +286,7 @@ def test_a_task_found_nowhere_is_skipped_or_stops_the_batch(tmp_path, capsys, mo
     err = capsys.readouterr().err.strip()
     assert "MRPC: not in the project's data/glue" in err and "unreachable" in err
     path.write_text("skip_missing_tasks: true\n" + text)
-    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 0
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out"), "--no-report"]) == 0
     out = capsys.readouterr().out
     assert "task=MRPC method=bert seed=0 model=tiny: absent (MRPC: not in the project's" in out
     assert "1 ok, 0 skipped, 0 failed, 1 absent" in out

@@ -72,13 +72,13 @@ def test_ssa_h_on_two_processes_and_on_two_nodes_through_the_batch_runner(tmp_pa
     # alongside: the same point on two "nodes" of one process each, two batches meeting at a
     # c10d rendezvous on localhost (what --nodes does across machines)
     nodes = [subprocess.Popen([sys.executable, "-m", "kit.batch", str(profile), "--outputs",
-                               str(tmp_path / "nodes"), "--nodes", "2", "--rdzv",
+                               str(tmp_path / "nodes"), "--no-report", "--nodes", "2", "--rdzv",
                                f"localhost:{29500 + os.getpid() % 500}"], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
     proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
-                           "--processes", "2"], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=600)
+                           "--processes", "2", "--no-report"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for node in nodes:
         log = node.communicate(timeout=600)[0]

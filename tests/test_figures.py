@@ -13,7 +13,7 @@ import pytest
 matplotlib.use("Agg")
 
 from kit.results import figure_data, figures, token_view  # noqa: E402
-from kit.results.report import load_runs  # noqa: E402
+from kit.results.collect import load_runs  # noqa: E402
 
 
 def make_run(root: Path, run_id: str, task="SST-2", method="bert", seed=0, score=0.8,

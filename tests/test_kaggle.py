@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from kit import batch
-from kit.results import fold_tables, report, table_sets, writers
+from kit.results import collect, fold_tables, table_sets, writers
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import load_task_data
 from kit.data.readers import DataError
@@ -191,7 +191,7 @@ FOLD_PREDS = [{"r0": (1.0, 1.5), "r3": (2.0, 2.0)},
 
 def test_fold_table_and_out_of_fold_score(tmp_path):
     dirs = [make_fold_run(tmp_path, f, preds) for f, preds in enumerate(FOLD_PREDS)]
-    runs = report.load_runs(dirs)
+    runs = collect.load_runs(dirs)
     table = fold_tables.fold_table(runs)
     assert list(table["fold"][:3]) == ["0", "1", "2"]
     assert table["fold"].iloc[3] == "mean ± std (n=3/3)"
@@ -236,14 +236,14 @@ def test_oof_of_a_fixed_epoch(tmp_path):
 def test_failed_fold_and_mixed_fold_sets(tmp_path):
     dirs = [make_fold_run(tmp_path, f, preds, status="failed" if f == 1 else "ok")
             for f, preds in enumerate(FOLD_PREDS)]
-    table = fold_tables.fold_table(report.load_runs(dirs))
+    table = fold_tables.fold_table(collect.load_runs(dirs))
     assert table["fold"].iloc[-1] == "mean ± std (n=2/3)"
     assert list(table["status"][:3]) == ["ok", "failed", "ok"]
     scores = fold_tables.oof_metrics(fold_tables.oof_predictions(dirs)).iloc[0]
     assert scores["folds"] == "2/3" and not scores["complete"] and scores["rows"] == 4
     # a second lr is a second set: two OOF rows, and the fold table needs by=["lr"]
     other = [make_fold_run(tmp_path, f, preds, lr=2e-4) for f, preds in enumerate(FOLD_PREDS)]
-    runs = report.load_runs(dirs + other)
+    runs = collect.load_runs(dirs + other)
     assert len(fold_tables.oof_metrics(fold_tables.oof_predictions(dirs + other))) == 2
     with pytest.raises(ValueError, match="several OK runs for one fold"):
         fold_tables.fold_table(runs)
@@ -276,13 +276,13 @@ def test_profile_tables_group_on_varying_knobs(tmp_path):
     for seed in range(2):
         make_glue_run(tmp_path, f"t{seed}", seed, 0.6 + seed / 100, "task")
         make_glue_run(tmp_path, f"b{seed}", seed, 0.7 + seed / 100, "task+both")
-    runs = report.load_runs(tmp_path)
+    runs = collect.load_runs(tmp_path)
     tables = table_sets.profile_tables(runs, varying=["guide_loss", "seed"])
     summary = tables["Summary (mean ± std over seeds)"].set_index("guide_loss")
     assert summary.loc["task+both", "accuracy_mean"] == pytest.approx(0.705)
     assert (summary["n_seeds"] == 2).all() and "Paper layout (Table 2)" not in tables
     # knobs that do not change results, or that are set per task, are no grouping axes
-    plain = report.load_runs([tmp_path / "t0", tmp_path / "t1"])
+    plain = collect.load_runs([tmp_path / "t0", tmp_path / "t1"])
     assert "Paper layout (Table 2)" in table_sets.profile_tables(
         plain.assign(glue_dir=["a", "b"]), varying=["glue_dir", "seed"])
     beta = plain.assign(task=["RTE", "WNLI"], beta=[0.5, 0.9])

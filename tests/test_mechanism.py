@@ -5,7 +5,6 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from kit.results import mechanism
 from kit import runs
@@ -88,9 +87,7 @@ def save_epoch(run_dir, epoch, epoch_set, flipped=1, variants=4):
     """What kit.methods.epochs.build_epoch saves with save_labels: true."""
     stats = LabelStats(epoch=epoch, rule="paper", flipped=flipped, variants=variants)
     stats.finish(epoch_set, time.perf_counter())
-    path = runs.saved_labels_dir(run_dir) / f"epoch{epoch}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"epoch_set": vars(epoch_set), "stats": stats.to_dict()}, path)
+    runs.write_saved_labels(run_dir, epoch, vars(epoch_set), stats.to_dict())
 
 
 X = IGNORE

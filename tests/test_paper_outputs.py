@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kit import batch
-from kit.results import mechanism, report, selection, table_sets, writers
+from kit.results import collect, mechanism, selection, table_sets, writers
 from kit.config.run_config import RunConfig
 from kit.results.paper_table import paper_table_for
 
@@ -88,7 +88,7 @@ def test_results_notebook_writes_the_tables(outputs, tmp_path, run_notebook):
 
 
 def test_selection_on_the_gamma_grid(outputs):
-    runs = report.collect_runs(outputs["dir"], outputs["gamma"])
+    runs = collect.collect_runs(outputs["dir"], outputs["gamma"])
     assert len(runs) == 8 and set(runs["gamma"]) == {1.0, 2.0}
     assert set(runs["profile"]) == {"smoke", "gamma-mini"}   # gamma = 1.0 runs came from smoke
     assert selection.varying_hyperparameters(runs) == ["gamma"]
@@ -161,7 +161,7 @@ def test_mechanism_notebook(tmp_path, run_notebook):
         assert re.search(rf"^\| {row} +\|", md, re.M), row
     assert (out / "tables" / "mechanism-mech-mini-ssa-labels.csv").exists()
     assert "p_holm" in output_of(nb, 'results["Dev accuracy"]')
-    records = mechanism.label_records(report.collect_runs(out, str(profile))).set_index("seed")
+    records = mechanism.label_records(collect.collect_runs(out, str(profile))).set_index("seed")
     assert sorted(records.index) == [0, 1] and set(records["epoch"]) == {1}
     for point, metrics in done:          # the saved epochs hold metrics.json's statistics
         if point["method"] == "ssa-h":
@@ -194,23 +194,23 @@ def test_collect_runs_by_profile_grid_or_config_field(tmp_path):
     ids = [RunConfig.from_dict(p).run_id for p in batch.load_profile(str(profile)).points]
     make_run(tmp_path, ids[0], "someone-else", method="bert")   # ran first under another
     make_run(tmp_path, "other", "mine", method="ssa-h", seed=3)  # config says mine, grid not
-    by_grid = report.collect_runs(tmp_path, str(profile))
+    by_grid = collect.collect_runs(tmp_path, str(profile))
     assert list(by_grid["run_id"]) == [ids[0]]
-    by_field = report.collect_runs(tmp_path, "mine")            # no such params file
+    by_field = collect.collect_runs(tmp_path, "mine")            # no such params file
     assert list(by_field["run_id"]) == ["other"]
-    assert len(report.collect_runs(tmp_path)) == 2
-    assert list(report.collect_runs(tmp_path, None, method="ssa-h", model="")["run_id"]) == [
+    assert len(collect.collect_runs(tmp_path)) == 2
+    assert list(collect.collect_runs(tmp_path, None, method="ssa-h", model="")["run_id"]) == [
         "other"]
-    assert report.collect_runs(tmp_path / "nowhere", "mine").empty
+    assert collect.collect_runs(tmp_path / "nowhere", "mine").empty
     with pytest.raises(ValueError, match="no column 'nope'"):
-        report.collect_runs(tmp_path, nope=1)
+        collect.collect_runs(tmp_path, nope=1)
 
 
 def test_results_tables_with_the_papers_rows(tmp_path):
     for seed, (base, ssa) in enumerate([(0.60, 0.66), (0.62, 0.68), (0.61, 0.67)]):
         make_run(tmp_path, f"b{seed}", "p", method="bert", seed=seed, score=base)
         make_run(tmp_path, f"h{seed}", "p", method="ssa-h", seed=seed, score=ssa)
-    runs = report.collect_runs(tmp_path)
+    runs = collect.collect_runs(tmp_path)
     assert "BERT-r (paper)" not in table_sets.results_tables(runs)["Paper layout"].index  # off
     tables = table_sets.results_tables(runs, profile="paper-small")       # a paper profile
     paper = tables["Paper layout"]
@@ -224,9 +224,9 @@ def test_results_tables_with_the_papers_rows(tmp_path):
         "p-results.md", "p-results-paper-layout.csv", "p-results-comparisons.csv",
         "p-results-summary-over-seeds.csv", "p-results-epoch-selection.csv", "p-results.tex"]
     with pytest.raises(ValueError, match="no finished"):
-        table_sets.results_tables(report.collect_runs(tmp_path / "empty"))
+        table_sets.results_tables(collect.collect_runs(tmp_path / "empty"))
     with pytest.raises(ValueError, match="unknown selection rule"):
-        selection.select_runs(report.collect_runs(tmp_path), "best")
+        selection.select_runs(collect.collect_runs(tmp_path), "best")
 
 
 def test_paper_table_for_model_names():

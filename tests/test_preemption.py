@@ -124,7 +124,7 @@ def test_a_preempted_batch_exits_75_and_the_rerun_resumes_the_point_first(tmp_pa
     batch forwards it to the point's kernel, starts no new point, says what it left in one line
     and exits 75; the same command again resumes that point first (mid-epoch) and finishes."""
     profile = tmp_path / "stoppable.yaml"
-    profile.write_text("notebook: finetune\ngrid:\n  task: synthetic\n  method: [ssa-h, bert]\n"
+    profile.write_text("notebook: finetune\nreport: false\ngrid:\n  task: synthetic\n  method: [ssa-h, bert]\n"
                        "  model: tiny\n  synthetic_size: 600\n  epochs: 2\n  lr: 5.0e-3\n"
                        "  checkpoint_steps: 5\n  report_to: [none]\n")
     outputs, log = tmp_path / "out", tmp_path / "batch.log"

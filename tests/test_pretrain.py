@@ -214,8 +214,8 @@ def test_pretraining_on_two_processes_through_the_batch_runner(tmp_path):
         f"  {k}: {json.dumps(list(v) if isinstance(v, tuple) else v)}\n" for k, v in still.items()))
     out = tmp_path / "two"
     proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
-                           "--processes", "2"], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=300)
+                           "--processes", "2", "--no-report"], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     two = json.loads((run_dir_of(RunConfig(**still, outputs_dir=str(out.resolve()), profile="ddp"))
                       / "metrics.json").read_text())
@@ -270,7 +270,7 @@ def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys
     profile = tmp_path / "tapt.yaml"
     profile.write_text(TAPT_TINY)
     out = tmp_path / "out"
-    assert batch.run_profile(str(profile), outputs_dir=str(out)) == 0
+    assert batch.run_profile(str(profile), outputs_dir=str(out), report=False) == 0
     assert "2 ok, 0 skipped, 0 failed" in capsys.readouterr().out
     pre, tune = (RunConfig.from_dict(p) for p in batch.load_profile(str(profile), str(out)).points)
     assert json.loads((run_dir_of(tune) / "metrics.json").read_text())["model"] == pre.adapted_dir

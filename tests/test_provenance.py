@@ -12,7 +12,7 @@ import torch
 
 from kit import batch, runs
 from kit.train import provenance
-from kit.results import report, table_sets, writers
+from kit.results import collect, table_sets, writers
 from kit.config.run_config import RunConfig
 from kit.train.finetune import fit, run_dir_of
 
@@ -129,19 +129,19 @@ def _env(cpu_class="avx2", torch="2.13.0", gpu=None):
     [_env()],
     [_env(), {**_env(), "python": "3.12.1", "threads": 8, "kit_commit": "abc"}]])  # not compared
 def test_one_environment_gives_no_warning(envs):
-    assert report.mixed_environments(list(zip("abc", envs))) is None
+    assert collect.mixed_environments(list(zip("abc", envs))) is None
 
 
 def test_mixed_environments_name_the_fields_and_the_runs():
     runs = [("a", _env()), ("b", _env("amx")), ("c", _env("amx", torch="2.9.0")),
             ("d", _env()), ("e", _env()), ("f", _env()), ("g", None)]
-    assert report.mixed_environments(runs) == (
+    assert collect.mixed_environments(runs) == (
         "warning: this table mixes environments: cpu_class avx2 (a, d, e and 1 more) vs amx "
         "(b, c); torch 2.13.0 (a, b, d and 2 more) vs 2.9.0 (c); no environment recorded (g)")
 
 
 def test_a_gpu_run_beside_a_cpu_run_is_mixed():
-    line = report.mixed_environments([("a", _env()), ("b", _env(gpu={"name": "Tesla T4"}))])
+    line = collect.mixed_environments([("a", _env()), ("b", _env(gpu={"name": "Tesla T4"}))])
     assert line.endswith("gpu none (a) vs Tesla T4 (b)")
 
 
@@ -159,14 +159,14 @@ def _runs(seeds: int, envs=None) -> pd.DataFrame:
          "seeds per cell are)"]),
     (3, [])])
 def test_tables_with_fewer_than_three_seeds_per_cell_say_so(seeds, want):
-    assert report.table_notes(_runs(seeds)) == want
+    assert collect.table_notes(_runs(seeds)) == want
 
 
 def test_the_notes_head_the_written_tables_once(tmp_path):
     runs = _runs(1)
     runs.at[0, "environment"] = _env("amx")
     tables = table_sets.with_notes({"One": runs[["method", "score"]], "Two": runs[["seed"]]},
-                                   report.table_notes(runs))
+                                   collect.table_notes(runs))
     md = writers.write_tables(tables, "p", tmp_path)[0].read_text()
     assert md.startswith("> warning: this table mixes environments: cpu_class amx (bert0) vs "
                          "avx2 (ssa-h0)\n\n> 1 run (seed) per cell: ")

@@ -93,7 +93,7 @@ def test_dead_kernel_is_recorded_as_failed(tmp_path, monkeypatch):
 def test_two_batches_on_one_profile_at_once(tmp_path):
     """Each run is trained by one batch; the other skips it; every result is complete."""
     outputs = tmp_path / "out"
-    cmd = [sys.executable, "-m", "kit.batch", "smoke", "--outputs", str(outputs)]
+    cmd = [sys.executable, "-m", "kit.batch", "smoke", "--outputs", str(outputs), "--no-report"]
     procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600)[0] for p in procs]

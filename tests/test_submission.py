@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kit.results import submission
-from kit.results.report import load_runs
+from kit.results.collect import load_runs
 from kit.results.submission import GLUE_TEST_ROWS, SubmissionError, build_submissions
 from kit.config.tasks import GLUE_TASKS, Split
 

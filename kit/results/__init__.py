@@ -1,4 +1,5 @@
-"""From run folders to what a reader sees: runs collected into a frame (report), tables
+"""From run folders to what a reader sees: runs collected into a frame (collect), tables
 (tables, paper_table, selection, fold_tables, table_sets, writers, stats), figures (figure_data,
-figures, token_view, mechanism, views) and GLUE / Kaggle submissions (submission).
+figures, token_view, mechanism, views), GLUE / Kaggle submissions (submission) and the report,
+one HTML page per profile (page, page_header).
 Reads run folders through kit.runs only; imports the layers below it, never the doors."""

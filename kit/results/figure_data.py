@@ -1,4 +1,4 @@
-"""The tidy frames the paper's figures plot, from `kit.results.report.load_runs` frames and the run
+"""The tidy frames the paper's figures plot, from `kit.results.collect.load_runs` frames and the run
 folders' files (through kit.runs): gamma sensitivity (Fig. 7), training cost (Fig. 6) and SSA
 label quality on the synthetic task; plus the method order, labels and seed text the figures
 share. kit.results.figures draws these frames; nothing here imports matplotlib or torch.
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kit import runs
-from kit.results.report import finished
+from kit.results.collect import finished
 from kit.results.tables import METHOD_LABELS, score_scale
 
 GAMMA_METHODS = ("bert-mask", "ssa-co", "ssa-h")

@@ -4,7 +4,7 @@ the case study (Fig. 8); `save_figure` writes outputs/figures/<name>.png atomica
 
 Each figure is a data function (kit.results.figure_data; the case study's kit.results.token_view,
 the only one that loads models), a plot function here (from that frame only) and a `<kind>_figure`
-that does both in one call from a profile's runs (`kit.results.report.collect_runs`).
+that does both in one call from a profile's runs (`kit.results.collect.collect_runs`).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kit import methods
 from kit.results.figure_data import (COST_METHODS, GAMMA_METHODS, LABEL_METHODS, cost_curves,
                                      gamma_baseline, gamma_points, label_quality, method_label,
                                      method_order, seeds_text, single)
-from kit.results.report import collect_runs, finished
+from kit.results.collect import collect_runs, finished
 from kit.results.token_view import PAPER_SENTENCES, case_study_data, find_run
 
 # Colours and markers from the method registry; markers as well as colours: methods stay apart

@@ -2,7 +2,7 @@
 table (last and held-out epoch, each method against BERT-r with Holm-corrected Welch and permutation
 p), its SSA labels against the synthetic task's true importance mask (from the saved epoch sets of
 `save_labels: true`, read through kit.runs), and the frames kit.results.figures.plot_mechanism
-draws. Works on `kit.results.report.collect_runs` frames of one model x task.
+draws. Works on `kit.results.collect.collect_runs` frames of one model x task.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kit import methods, runs
 from kit.results import tables
 from kit.models.backbones import load_tokenizer
 from kit.results.figure_data import method_dtype
-from kit.results.report import finished
+from kit.results.collect import finished
 from kit.data.synthetic import SPURIOUS
 
 VIEWS = ("last", "heldout")

@@ -4,7 +4,7 @@ GLUE column order, significance marks against BERT-r (Holm-corrected,
 paper's published row and the measured-minus-published row under each method
 (`kit.results.paper_results`).
 
-Works on `kit.results.report.load_runs` frames only; never reads run folders itself.
+Works on `kit.results.collect.load_runs` frames only; never reads run folders itself.
 """
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ import pandas as pd
 
 from kit.train.metrics import reported_metrics
 from kit.results.paper_results import PAPER_TASKS, PaperRow, paper_row
-from kit.results.stats import is_constant
-from kit.results.tables import (EPOCH_VIEWS, METHOD_LABELS, TEST_NAMES, comparisons, epoch_view,
-                                fold_runs, official_metrics, ok_runs, percent_task, sorted_groups,
-                                status_counts, task_rank)
+from kit.results.tables import (EPOCH_VIEWS, METHOD_LABELS, TEST_NAMES, comparisons, degenerate,
+                                epoch_view, fold_runs, official_metrics, ok_runs, percent_task,
+                                sorted_groups, status_counts, task_rank)
 from kit.config.tasks import GLUE_TASKS
 
-DEGENERATE = "†"     # a cell whose score is the same on every seed
+DEGENERATE = "†"     # a degenerate cell (kit.results.tables.degenerate)
 
 
 def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) -> str:
@@ -34,8 +33,9 @@ def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) 
             f"Marks: the task score (the mean of the task's metrics, e.g. STS-B (Pearson + "
             f"Spearman) / 2; not each metric) against {label}, two-sided {TEST_NAMES[test]}, "
             f"Holm-Bonferroni-corrected across the table's {m} comparisons: * p < 0.05, "
-            f"** p < 0.01, gains only. {DEGENERATE} degenerate: the same score on every seed "
-            f"(e.g. MCC 0 from a majority-class model); its std and test say nothing. {avg}")
+            f"** p < 0.01, gains only. {DEGENERATE} degenerate: the same score on every seed, or "
+            f"an MCC / Pearson of exactly 0 on every seed, one seed included (a constant "
+            f"prediction, e.g. a majority-class model); its mean, std and test say nothing. {avg}")
 
 
 def _joined(values: list[float] | None, spec: str) -> str:
@@ -54,10 +54,10 @@ def _measured_cell(task: str, rows: pd.DataFrame, metrics: Sequence[str], mark: 
         return None, False, f"n/a ({notes})"
     scale, spec = (100, ".1f") if percent_task(task, rows) else (1, ".3f")
     means = [ok[m].mean() * scale for m in metrics]
-    degenerate = is_constant(ok["score"])
-    flag = DEGENERATE if degenerate else ""
+    flagged = degenerate(task, ok["score"], ok)
+    flag = DEGENERATE if flagged else ""
     spread = f" ± {_joined([ok[m].std() * scale for m in metrics], spec)}" if len(ok) > 1 else ""
-    return means, degenerate, f"{_joined(means, spec)}{mark}{flag}{spread} ({notes})"
+    return means, flagged, f"{_joined(means, spec)}{mark}{flag}{spread} ({notes})"
 
 
 def _avg(cells: dict[str, list[float] | None], tasks: list[str]) -> str:
@@ -106,7 +106,9 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
     heldout `epoch` view). "*"/"**" mark a task score significantly higher than the `baseline`
     method's (`comparisons`: two-sided `test`, Holm-corrected across the table, p < 0.05 /
     0.01; lower scores are never marked). "†" flags a degenerate cell (the same score on every
-    seed); a task with one is left out of every row's Avg, so the averages stay comparable.
+    seed, or a constant predictor's exact 0 on MCC / Pearson, one seed included:
+    `kit.results.tables.degenerate`); a task with one is left out of every row's Avg, so the
+    averages stay comparable.
     Avg is the GLUE average of the task scores, "n/a" when a task has no OK run. The caption
     (`.attrs["caption"]`) says all this. k-fold CSV runs are left out (see fold_table).
 

@@ -1,6 +1,6 @@
 """Hyper-parameter selection over a grid's runs: the paper's three-subset rule (section 4.3),
 plain best-dev selection for comparison, and the table that puts the two side by side. Works
-on `kit.results.report.load_runs` frames; reads no run folder."""
+on `kit.results.collect.load_runs` frames; reads no run folder."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -134,7 +134,7 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
                       strict: bool = False) -> pd.DataFrame:
     """One GLUE submission zip per group of finished runs that wrote test predictions.
 
-    `runs` is a `kit.results.report.collect_runs` frame holding one configuration per task and group
+    `runs` is a `kit.results.collect.collect_runs` frame holding one configuration per task and group
     (select one first, e.g. `selection.select_runs`, when a grid varies hyper-parameters). Zips go
     to `<outputs_dir>/submissions/<profile>-<method>-s<seed>.zip` (the model's name is added
     when `runs` holds several models); `<profile>-manifest.csv` lists, per zip, each file with

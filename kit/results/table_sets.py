@@ -12,7 +12,7 @@ from kit.config.run_config import RunConfig
 from kit.results.fold_tables import fold_table, oof_metrics, oof_predictions
 from kit.results.paper_results import PAPER_TASKS, paper_profile
 from kit.results.paper_table import paper_table
-from kit.results.report import table_notes
+from kit.results.collect import table_notes
 from kit.results.selection import select_runs, selection_table
 from kit.results.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_runs,
                                 runs_table, summary_table)

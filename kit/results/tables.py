@@ -3,9 +3,10 @@ comparisons and the summary over seeds (the paper's Table 2 layout: `kit.results
 what a reviewer checks spelled out in each table's caption (`table.attrs["caption"]`): which
 epoch's dev numbers are shown and how it was chosen, which test is behind the marks, on which
 number (the task score), and the Holm-Bonferroni correction across the table's comparisons.
-Degenerate cells (the same score on every seed) are flagged and left out of the average.
+Degenerate cells (`degenerate`: the same score on every seed, or a constant predictor's exact 0
+on a correlation-scored task, one seed included) are flagged and left out of the average.
 
-Works on `kit.results.report.load_runs` frames only; never reads run folders itself.
+Works on `kit.results.collect.load_runs` frames only; never reads run folders itself.
 """
 from __future__ import annotations
 
@@ -101,6 +102,29 @@ def fold_runs(df: pd.DataFrame) -> pd.DataFrame:
     return df[pd.to_numeric(df["n_folds"], errors="coerce").fillna(0) >= 2]
 
 
+# Metrics on which kit.train.metrics scores a constant prediction (a majority-class model, a
+# collapsed regression head) exactly 0.0: MCC, Pearson, Spearman (see its `mcc`, `_correlation`).
+CORRELATION_METRICS = ("mcc", "pearson", "spearman")
+
+
+def degenerate(task_name, scores, rows: pd.DataFrame | None = None) -> bool:
+    """Whether a cell's task scores over seeds say nothing about its method:
+    - the same score on every seed (at least 2; `is_constant`): its std of 0 measures nothing;
+    - or, on a task scored by correlations only (CoLA's MCC, STS-B's Pearson/Spearman), a score
+      of exactly 0 on every seed, one seed included: what kit.train.metrics returns for a
+      constant prediction (every CoLA row "acceptable", one STS-B value everywhere); a model
+      that learned anything lands on exactly 0 with negligible probability.
+    An accuracy-scored task (RTE, SST-2 ...) with one seed cannot be told apart from a bad model
+    by its score alone, so one seed of it is never flagged. `rows`: the cell's runs, for the
+    task's metrics (CSV tasks)."""
+    values = np.asarray(pd.Series(scores, dtype="float64").dropna())
+    if is_constant(values):
+        return True
+    metrics = official_metrics(str(task_name), pd.DataFrame() if rows is None else rows)
+    return (len(values) > 0 and all(m in CORRELATION_METRICS for m in metrics)
+            and bool((values == 0.0).all()))
+
+
 def mean_std(mean: float, std: float, digits: int) -> str:
     """ "mean ± std"; the mean alone for one seed (std NaN), blank where nothing was measured."""
     if pd.isna(mean):
@@ -158,7 +182,7 @@ def comparisons(df: pd.DataFrame, baseline: str = "bert", test: str = "welch") -
     model, task, method, n, n_baseline, diff (mean minus the baseline's, x100 where the task is
     shown x100), p (two-sided `test`: welch or permutation), p_holm (Holm-Bonferroni across all
     rows: the family is the table), mark ("*"/"**" on p_holm, gains only, as the paper marks)
-    and degenerate (either side has the same score on every seed)."""
+    and degenerate (either side is a degenerate cell: `degenerate`)."""
     if test not in SIGNIFICANCE_TESTS:
         raise ValueError(f"unknown test {test!r}: choose one of {list(SIGNIFICANCE_TESTS)}")
     ok = df[df["status"] == "ok"].dropna(subset=["score"])
@@ -173,7 +197,7 @@ def comparisons(df: pd.DataFrame, baseline: str = "bert", test: str = "welch") -
                      "n_baseline": len(base),
                      "diff": (np.mean(values) - np.mean(base)) * scale,
                      "p": SIGNIFICANCE_TESTS[test](values, base),
-                     "degenerate": is_constant(values) or is_constant(base)})
+                     "degenerate": degenerate(task, values) or degenerate(task, base)})
     out = pd.DataFrame(rows, columns=["model", "task", "method", "n", "n_baseline", "diff", "p",
                                       "degenerate"])
     out.insert(len(out.columns) - 1, "p_holm", holm(out["p"]))
@@ -186,7 +210,8 @@ def comparisons(df: pd.DataFrame, baseline: str = "bert", test: str = "welch") -
         f"Each method against {METHOD_LABELS.get(baseline, baseline)} per model and task, on "
         f"the task score over seeds (diff x100 where the task is shown x100). p: two-sided "
         f"{TEST_NAMES[test]}; p_holm: Holm-Bonferroni across these {len(out)} comparisons; "
-        f"marks on p_holm (gains only). degenerate: a side has the same score on every seed.")
+        f"marks on p_holm (gains only). degenerate: a side has the same score on every seed, or "
+        f"scores exactly 0 on MCC / Pearson on every seed (a constant prediction).")
     return out
 
 
@@ -209,7 +234,7 @@ def summary_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
         rows.append({**dict(zip(keys, key)), "n_seeds": len(ok),
                      **{f"n_{s}": n for s, n in status_counts(group).items()},
                      **{f"{m}_{stat}": v for (m, stat), v in stats.items()},
-                     "degenerate": is_constant(ok["score"])})
+                     "degenerate": degenerate(key[0], ok["score"], ok)})
     return pd.DataFrame(rows)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit import runs
-from kit.results.report import finished
+from kit.results.collect import finished
 from kit.config.tasks import get_task
 
 # The paper's two SST-2 case-study sentences (section 4.7), spelled as printed.

@@ -46,6 +46,12 @@ def _slug(text: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in text.lower()).split())
 
 
+def table_stem(name: str, title: str) -> str:
+    """The file stem of one table of a set written as `name`: `<name>-<title slug>` (its CSV;
+    the report names it under the table it shows)."""
+    return f"{name}-{_slug(title)}"
+
+
 def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
                  tables_dir: str | os.PathLike) -> list[Path]:
     """Write `<name>.md`, one CSV per table and `<name>.tex` under `tables_dir`, each
@@ -69,7 +75,7 @@ def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
     md = "".join(f"> {n}\n\n" for n in notes) + "\n".join(
         (f"## {title}\n\n" if several else "") + _markdown(f)
         + (f"\n{captions[title]}\n" if captions[title] else "") for title, f in frames.items())
-    csvs = {(f"{name}-{_slug(title)}" if several else name): f.to_csv(index=False)
+    csvs = {(table_stem(name, title) if several else name): f.to_csv(index=False)
             for title, f in frames.items()}
     tex = "\n".join(f.to_latex(index=False, escape=True, na_rep="", float_format="{:.6g}".format,
                                caption=_tex_text(" ".join(filter(None, [title + ".",

@@ -1,4 +1,4 @@
-"""kit.results.report, kit.results.selection, kit.results.writers and kit.results.tables on hand-made run folders, and the
+"""kit.results.collect, kit.results.selection, kit.results.writers and kit.results.tables on hand-made run folders, and the
 paper's numbers against the paper's text."""
 import json
 import os
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from kit.results.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
-from kit.results.report import load_runs
+from kit.results.collect import load_runs
 from kit.results.selection import select_by_best_dev, select_by_three_subsets
 from kit.results.paper_table import paper_table
 from kit.results.stats import significance_mark, welch_test
@@ -128,7 +128,7 @@ def test_unknown_status_is_refused(tmp_path):
 
 def test_tables_never_import_torch():
     # In a fresh interpreter: this test session may have imported torch for other tests.
-    code = ("import sys, kit.results.report, kit.results.selection, kit.results.fold_tables, kit.results.table_sets, kit.results.writers, "
+    code = ("import sys, kit.results.collect, kit.results.selection, kit.results.fold_tables, kit.results.table_sets, kit.results.writers, "
             "kit.results.figure_data, kit.results.token_view; sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -1,0 +1,232 @@
+"""The report: one self-contained HTML page per profile, outputs/reports/<profile>/index.html.
+
+    build(profile, outputs_dir, execute=None, counts=None) -> the page's path
+
+The page is a header made here (kit.results.page_header: profile, date, kit commits, CPU / GPU
+and precision from each run's provenance, the runs' counts, the warnings that matter, the main
+table and a link to every run's notebook) above the profile's results notebook
+(notebooks/results.ipynb) and the figure notebooks that fit the profile, executed with papermill
+and rendered by nbconvert with their inputs hidden. Everything is inside the file: figures are
+data: URIs, the CSS is inlined, and no script, font or MathJax is fetched, so the folder opens
+from file:// on a machine without network. Each run's executed notebook becomes
+runs/<run_id>.html beside it (relative links), and outputs/reports/index.html lists every
+profile's report. Every file is written atomically (kit.io): a failed build leaves the last
+good page in place.
+
+`execute(notebook, output, parameters)` runs a notebook; kit.batch passes its warm kernel
+(kit.kernels), the default is plain papermill (a kernel of its own).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import html
+import logging
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# nbformat's validator would build rfc3987_syntax's grammars (3 s on a small CPU) for format
+# checks no notebook here needs: done without, as kit.kernels does for the batch
+sys.modules.setdefault("rfc3987_syntax", None)
+
+import jinja2  # noqa: E402
+import nbformat  # noqa: E402
+
+from kit import io as kio  # noqa: E402
+from kit import runs  # noqa: E402
+from kit.config.profiles import REPO, Profile, load_profile  # noqa: E402
+from kit.results import page_header  # noqa: E402
+
+Execute = Callable[[Path, Path, dict], None]
+
+# the figure notebooks a profile's `figures:` asks for (kit.batch._figure draws the same figures
+# as PNG files), and those written for one profile (their own text names it)
+FIGURE_NOTEBOOKS = {"label-quality": "label_quality", "gamma": "gamma", "cost": "cost"}
+PROFILE_NOTEBOOKS = {"gamma": ("gamma", "cost"), "case-study": ("case_study",),
+                     "mechanism": ("mechanism",)}
+# label quality is measured on the synthetic task only (its cues are known)
+FIXED_TASK = {"label_quality": "synthetic"}
+TASK_NOTEBOOKS = ("label_quality", "gamma", "cost", "case_study")    # those with a `task`
+
+# nbconvert's lab template without what it would fetch: require.js, MathJax and mermaid from a
+# CDN, the widgets' manager; its CSS is inlined already
+TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+# what a browser would fetch from another host: a src, a <link href>, a CSS url() or @import
+REMOTE = re.compile(r"""\bsrc\s*=\s*["']?\s*(?:[a-z]+:)?//|<link\b[^>]*\bhref\s*=\s*["']?\s*"""
+                    r"""(?:[a-z]+:)?//|url\(\s*["']?\s*(?:[a-z]+:)?//|@import\s+(?:url\()?["']?"""
+                    r"""\s*(?:[a-z]+:)?//""", re.I)
+
+
+def reports_root(outputs_dir: str | Path) -> Path:
+    """outputs/reports: one folder per profile, and index.html listing them."""
+    return Path(outputs_dir) / "reports"
+
+
+def report_path(outputs_dir: str | Path, profile: str) -> Path:
+    return reports_root(outputs_dir) / profile / "index.html"
+
+
+def papermill_execute(notebook: Path, output: Path, parameters: dict) -> None:
+    """The default `execute`: papermill in a kernel of its own."""
+    import papermill as pm
+    pm.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name="python3",
+                        progress_bar=False, cwd=str(REPO))
+
+
+def build(profile: str | Profile, outputs_dir: str | Path = "outputs",
+          execute: Execute | None = None, counts: dict[str, int] | None = None) -> Path:
+    """Write the profile's report from the runs present and return its path (see the module's
+    docstring); `counts`: what the batch that just ran did (ok, skipped, failed, absent ...)."""
+    if isinstance(profile, str):
+        profile = load_profile(profile, str(outputs_dir))
+    folder = reports_root(outputs_dir) / profile.name
+    grid = page_header.grid_runs(profile)
+    # the runs' pages are rendered here while the kernel executes the notebooks: two cores busy
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pages = pool.submit(render_runs, grid, folder)
+        executed, failures = run_notebooks(profile, outputs_dir, folder / "notebooks",
+                                           execute or papermill_execute)
+        links = pages.result()
+    header, summary = page_header.header(profile, grid, links, counts, failures)
+    page = render(executed, title=f"{profile.name}: ssa-kit report", exclude_input=True)
+    page = page.replace("<main>", "<main>\n" + header, 1)
+    check_local(page, folder / "index.html")
+    kio.write_text(folder / "index.html", page)
+    kio.write_json(folder / "summary.json", summary)
+    write_index(outputs_dir)
+    return folder / "index.html"
+
+
+# ---------------------------------------------------------------- the notebooks
+
+def notebooks_for(profile: Profile) -> list[tuple[str, dict]]:
+    """(notebook name, parameters beyond profile and outputs_dir) of the page, results first."""
+    names = [FIGURE_NOTEBOOKS[f] for f in profile.figures if f in FIGURE_NOTEBOOKS]
+    names += PROFILE_NOTEBOOKS.get(profile.name, ())
+    tasks = {p.get("task") for p in profile.points}
+    # one task: the figures' task; "": every task of the profile (a grid without `task` too)
+    task = str(tasks.pop()) if len(tasks) == 1 and None not in tasks else ""
+    return [("results", {})] + [(name, {"task": FIXED_TASK.get(name, task)}
+                                 if name in TASK_NOTEBOOKS else {})
+                                for name in dict.fromkeys(names)]
+
+
+def run_notebooks(profile: Profile, outputs_dir: str | Path, folder: Path,
+                  execute: Execute) -> tuple[list, list[str]]:
+    """Execute the page's notebooks into `folder`; returns the executed notebooks (a failed one
+    too: it shows its error) and one line per failure."""
+    # a params/ profile by its name (what the notebooks print); a YAML elsewhere by its path
+    named = profile.path.resolve() == (REPO / "params" / f"{profile.name}.yaml").resolve()
+    common = {"profile": profile.name if named else str(profile.path),
+              "outputs_dir": str(Path(outputs_dir).resolve())}
+    executed, failures = [], []
+    for name, extra in notebooks_for(profile):
+        output = folder / f"{name}.ipynb"
+        with kio.atomic_path(output) as tmp:
+            try:
+                execute(REPO / "notebooks" / f"{name}.ipynb", tmp, {**common, **extra})
+            except Exception as err:   # the notebook's error is shown in it; the page goes on
+                if not tmp.stat().st_size:       # nothing ran (no kernel): nothing to show
+                    raise
+                failures.append(f"notebooks/{name}.ipynb failed: {one_line(err)}")
+        executed.append(nbformat.read(output, as_version=4))
+    return executed, failures
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one line: papermill's `ename: evalue`, else the exception's first line."""
+    ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(err).__name__}: {err}"
+    return (text.strip().splitlines() or [type(err).__name__])[0]
+
+
+# ---------------------------------------------------------------- HTML
+
+@functools.cache
+def exporter(exclude_input: bool):
+    """nbconvert's HTML exporter with TEMPLATE (made once: it reads the template and its CSS)."""
+    from nbconvert import HTMLExporter
+    # its warnings (a figure without alt text) are not the batch's business
+    quiet = logging.getLogger("kit.results.page.nbconvert")
+    quiet.setLevel(logging.ERROR)
+    return HTMLExporter(extra_loaders=[jinja2.DictLoader({"kit.html.j2": TEMPLATE})],
+                        template_file="kit.html.j2", exclude_input=exclude_input,
+                        exclude_output_prompt=exclude_input, log=quiet)
+
+
+def render(notebooks: list, title: str, exclude_input: bool) -> str:
+    """One HTML page of the cells of `notebooks`, one after another."""
+    cells = [cell for nb in notebooks for cell in nb.cells]
+    for i, cell in enumerate(cells):
+        cell["id"] = f"cell-{i}"           # ids must stay unique once notebooks are joined
+    merged = nbformat.v4.new_notebook(cells=cells, metadata={
+        **(notebooks[0].metadata if notebooks else {}), "title": title})
+    body, _ = exporter(exclude_input).from_notebook_node(merged)
+    return body
+
+
+def render_runs(grid: list[page_header.GridRun], folder: Path) -> dict[str, str]:
+    """runs/<run_id>.html in the report's `folder` (as outputs/runs/<run_id>/) of every run with
+    an executed notebook, rendered again only when the notebook is newer than its page; returns
+    {run_id: the page's link, relative to the report}."""
+    links = {}
+    for run in grid:
+        source = runs.notebook_path(run.run_dir)
+        if not source.exists():
+            continue
+        target = runs.runs_root(folder) / f"{run.run_id}.html"
+        if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+            nb = nbformat.read(source, as_version=4)
+            page = render([nb], title=run.run_id, exclude_input=False)
+            check_local(page, target)
+            kio.write_text(target, page)
+        links[run.run_id] = html.escape(target.relative_to(folder).as_posix())
+    return links
+
+
+def remote_references(page: str) -> list[str]:
+    """What in `page` a browser would fetch from another host (empty for a self-contained page)."""
+    return [page[m.start():m.start() + 80] for m in REMOTE.finditer(page)]
+
+
+def check_local(page: str, path: Path) -> None:
+    remote = remote_references(page)
+    if remote:
+        raise ValueError(f"{path}: the page would fetch {remote[0]!r} from the network")
+
+
+def write_index(outputs_dir: str | Path) -> Path:
+    """outputs/reports/index.html: every profile's report present, newest first."""
+    root = reports_root(outputs_dir)
+    rows = []
+    for page in sorted(root.glob("*/index.html"), key=lambda p: -p.stat().st_mtime):
+        try:
+            summary = runs.read_json(page.parent / "summary.json")
+        except (OSError, ValueError):
+            summary = {}
+        rows.append(f"<tr><td><a href=\"{html.escape(page.parent.name)}/index.html\">"
+                    f"{html.escape(page.parent.name)}</a></td>"
+                    f"<td>{html.escape(str(summary.get('built', '')))}</td>"
+                    f"<td>{html.escape(str(summary.get('counts', '')))}</td></tr>")
+    text = INDEX.format(rows="\n".join(rows) or "<tr><td colspan=3>no reports yet</td></tr>")
+    kio.write_text(root / "index.html", text)
+    return root / "index.html"
+
+
+INDEX = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>ssa-kit reports</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}td,th{{padding:.2em .8em;
+text-align:left}}</style></head>
+<body><h1>ssa-kit reports</h1>
+<p>One page per profile (rebuild one: <code>./run_all.sh report PROFILE</code>).</p>
+<table><tr><th>profile</th><th>built</th><th>runs</th></tr>
+{rows}
+</table></body></html>
+"""

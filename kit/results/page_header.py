@@ -1,0 +1,269 @@
+"""The report's header (kit.results.page), made by the kit from the run folders rather than by a
+notebook: the profile, the date, where the runs were made (kit commits, CPU / GPU class,
+precision, library versions: each run's metrics.json `environment`, kit.train.provenance), the
+runs ok / failed / absent (and what the batch that built it did), the warnings that matter
+(too few seeds, mixed environments, degenerate cells, failures), the profile's main table (the
+one kit.batch prints and writes first) and every grid point with a link to its run's notebook.
+"""
+from __future__ import annotations
+
+import datetime
+import html
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kit import runs
+from kit.config.profiles import Profile, read_spec
+from kit.config.run_config import RunConfig
+from kit.results import table_sets, writers
+from kit.results.collect import load_runs, mixed_environments
+from kit.results.paper_table import DEGENERATE
+
+PRECISION = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}   # metrics.json mixed_precision
+SHOWN_FAILURES = 3
+
+
+@dataclass
+class GridRun:
+    """A grid point of the profile and what its run folder says (status "absent": no folder;
+    "incomplete": started, no metrics.json yet, still running or killed)."""
+    run_id: str
+    run_dir: Path
+    point: dict
+    status: str
+    metrics: dict | None
+    error: str = ""
+
+
+def grid_runs(profile: Profile) -> list[GridRun]:
+    """Every point of the profile's grid with its run folder's status (kit.runs' readers)."""
+    out = []
+    for point in profile.points:
+        cfg = RunConfig.from_dict(point)
+        run_dir, metrics, status, error = runs.run_dir_of(cfg), None, "absent", ""
+        if runs.run_started(run_dir):
+            try:
+                metrics = runs.read_metrics(run_dir)
+            except (OSError, ValueError) as err:
+                status, error = "unreadable", str(err).splitlines()[0]
+            else:
+                status = str(metrics.get("status")) if metrics else "incomplete"
+                error = str((metrics or {}).get("error") or "")
+        out.append(GridRun(cfg.run_id, run_dir, cfg.to_dict(), status, metrics, error))
+    return out
+
+
+def header(profile: Profile, grid: list[GridRun], links: dict[str, str],
+           counts: dict[str, int] | None, failures: list[str]) -> tuple[str, dict]:
+    """The header's HTML and the summary that outputs/reports/index.html lists."""
+    title, table = main_table(profile, grid)
+    built = datetime.datetime.now().astimezone().isoformat(" ", "seconds")
+    statuses = grid_counts(grid)
+    facts = {"profile": f"{profile.name} ({_shown_path(profile.path)})", "built": built,
+             **provenance([r for r in grid if r.metrics]),
+             "runs (from the run folders)": statuses}
+    facts["this batch"] = (", ".join(f"{n} {s}" for s, n in counts.items()
+                                     if n or s in ("ok", "skipped", "failed", "absent"))
+                           if counts is not None else "none: rebuilt from the runs present")
+    parts = [STYLE, f"<h1>{html.escape(profile.name)}: results</h1>",
+             _description(profile), _facts(facts),
+             _warnings(warnings(grid, table, failures))]
+    if table is not None:
+        parts.append(_table_html(profile, title, table))
+    parts.append(_runs_html(grid, links))
+    body = '<div class="kit-header jp-RenderedHTMLCommon">\n' + "\n".join(parts) + "\n</div>"
+    return body, {"profile": profile.name, "built": built, "counts": statuses}
+
+
+# ---------------------------------------------------------------- what the header says
+
+def grid_counts(grid: list[GridRun]) -> str:
+    """`4 ok, 0 failed, 1 absent`: ok / failed / absent always, other statuses when present."""
+    counts = Counter(r.status for r in grid)
+    order = ["ok", "failed", *sorted(set(counts) - {"ok", "failed", "absent"}), "absent"]
+    return ", ".join(f"{counts.get(s, 0)} {s}" for s in order)
+
+
+def provenance(done: list[GridRun]) -> dict[str, str]:
+    """Where the runs were made, each field's values with their run counts when they differ."""
+    envs = [(r.metrics, r.metrics.get("environment")) for r in done
+            if isinstance(r.metrics.get("environment"), dict)]
+    if not envs:
+        return {"environment": "no run recorded one"}
+    return {
+        "kit commit": _tally(_commit(env) for _, env in envs),
+        "CPU": _tally(_cpu(env) for _, env in envs),
+        "GPU": _tally(_gpu(env) for _, env in envs),
+        "precision": _tally(f"{PRECISION.get(m.get('mixed_precision'), m.get('mixed_precision'))}"
+                            f" on {m.get('device') or '?'}" for m, _ in envs),
+        "libraries": _tally(", ".join(f"{k} {env.get(k)}" for k in
+                                      ("python", "torch", "transformers", "accelerate"))
+                            for _, env in envs),
+    }
+
+
+def _commit(env: dict) -> str:
+    commit = env.get("kit_commit")
+    if not commit:
+        return "unknown (not a git checkout)"
+    return commit[:10] + (" + uncommitted changes" if env.get("kit_dirty") else "")
+
+
+def _cpu(env: dict) -> str:
+    cpu = env.get("cpu") or {}
+    threads, processes = env.get("threads"), env.get("processes") or 1
+    return (f"{cpu.get('model', '?')}, class {cpu.get('cpu_class', '?')}, {threads} thread"
+            f"{'s' if threads != 1 else ''}"
+            + (f", {processes} processes" if processes > 1 else ""))
+
+
+def _gpu(env: dict) -> str:
+    gpu = env.get("gpu")
+    return f"{gpu.get('name')} x{gpu.get('count', 1)}" if gpu else "none"
+
+
+def _tally(values) -> str:
+    """One value as itself; several as `a (3 runs), b (1 run)`, the most common first."""
+    counts = Counter(values)
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in counts.most_common())
+
+
+def main_table(profile: Profile, grid: list[GridRun]) -> tuple[str, pd.DataFrame | None]:
+    """The profile's first table, as kit.batch.collect makes it (its CSV is the same table), or
+    (why not, None) when no run has a folder or the tables cannot be made. Runs that stopped
+    early (preempted) or cannot be read have no result yet: the warnings count them."""
+    started = [r.run_dir for r in grid if runs.config_path(r.run_dir).exists()
+               and r.status in ("ok", "failed", "incomplete")]
+    if not started:
+        return "no run has a folder yet", None
+    try:
+        tables = table_sets.profile_tables(load_runs(started), profile.varying())
+    except (ValueError, KeyError) as err:
+        return f"tables: {str(err).splitlines()[0]}", None
+    return next(iter(tables.items()))
+
+
+def degenerate_cells(table: pd.DataFrame) -> list[str]:
+    """`CoLA (BERT-r, SSA-H)`: the columns with a degenerate cell (marked DEGENERATE by
+    kit.results.paper_table) and its rows."""
+    cells = {}
+    for column in table.columns:
+        rows = [str(i) for i, v in table[column].items() if DEGENERATE in str(v)]
+        if rows:
+            cells[column] = rows
+    return [f"{c} ({', '.join(rows)})" for c, rows in cells.items()]
+
+
+def warnings(grid: list[GridRun], table: pd.DataFrame | None, failures: list[str]) -> list[str]:
+    """The lines a reader must see before any number: thin cells, mixed environments,
+    degenerate cells, failed / unfinished / absent runs, notebooks that failed."""
+    ok = [r for r in grid if r.status == "ok"]
+    if table is not None:                  # its notes: thin cells, mixed environments
+        lines = list(table.attrs.get("notes", ()))
+    else:
+        lines = [mixed_environments([(r.run_id, r.metrics.get("environment")) for r in ok])]
+    if table is not None and (cells := degenerate_cells(table)):
+        lines.append(f"degenerate cells ({DEGENERATE}, see the table's caption: e.g. a "
+                     f"majority-class model; their numbers say nothing and are left out of Avg): "
+                     f"{'; '.join(cells)}")
+    failed = [r for r in grid if r.status == "failed"]
+    if failed:
+        shown = "; ".join(f"{r.run_id}: {r.error}" for r in failed[:SHOWN_FAILURES])
+        more = len(failed) - SHOWN_FAILURES
+        lines.append(f"{len(failed)} run{'s' if len(failed) > 1 else ''} failed: {shown}"
+                     + (f" and {more} more" if more > 0 else ""))
+    other = Counter(r.status for r in grid if r.status not in ("ok", "failed", "absent"))
+    if other:
+        stopped = ", ".join(f"{n} {s}" for s, n in sorted(other.items()))
+        lines.append(f"{stopped} run(s) did not end: rerunning the profile resumes or retries "
+                     "them")
+    absent = sum(r.status == "absent" for r in grid)
+    if absent:
+        lines.append(f"{absent} of {len(grid)} grid points have no run folder (not run yet, or "
+                     "their task's files are missing)")
+    return list(dict.fromkeys(line for line in lines + failures if line))
+
+
+# ---------------------------------------------------------------- HTML
+
+STYLE = """<style>
+.kit-header { margin: 1em 0 2em; padding: 0 var(--jp-notebook-padding, 10px); }
+.kit-header.jp-RenderedHTMLCommon table { margin-left: 0; }
+.kit-header.jp-RenderedHTMLCommon td, .kit-header.jp-RenderedHTMLCommon th { text-align: left; }
+.kit-header .kit-warnings { border-left: 4px solid #d08000; background: #fff7e6;
+  padding: .3em 1em; margin: 1em 0; }
+.kit-header .kit-ok { color: #1a7f37; } .kit-header .kit-bad { color: #b42318; }
+.kit-header details summary { cursor: pointer; font-weight: bold; margin: 1em 0 .5em; }
+</style>"""
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _description(profile: Profile) -> str:
+    text = str(read_spec(profile.path).get("description") or "").strip()
+    return f'<p class="kit-description">{html.escape(text)}</p>' if text else ""
+
+
+def _facts(facts: dict[str, str]) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in facts.items())
+    return f'<table class="kit-facts" id="kit-facts">{rows}</table>'
+
+
+def _warnings(lines: list[str]) -> str:
+    if not lines:
+        return '<p class="kit-ok" id="kit-warnings">No warnings.</p>'
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f'<div class="kit-warnings" id="kit-warnings"><b>Warnings</b><ul>{items}</ul></div>'
+
+
+def _cell(value) -> str:
+    """A table value as text, as the markdown table shows it: blank when missing, floats to 6
+    significant digits."""
+    if not isinstance(value, (list, tuple, dict)) and pd.isna(value):
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _table_html(profile: Profile, title: str, table: pd.DataFrame) -> str:
+    named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
+    csv = f"{writers.table_stem(profile.name, title)}.csv"
+    text = named.map(_cell).rename(columns=str)
+    caption = table.attrs.get("caption", "")
+    return (f"<h2>{html.escape(title)}</h2>\n"
+            + text.to_html(index=False, table_id="kit-main-table", escape=True, border=0)
+            + f"\n<p><small>{html.escape(caption)} The same table: outputs/tables/"
+              f"<code id=\"kit-main-csv\">{html.escape(csv)}</code>.</small></p>")
+
+
+def _runs_html(grid: list[GridRun], links: dict[str, str]) -> str:
+    """Every grid point: its run id (a link to its executed notebook when it has one), what it
+    ran, its status, its best dev score and its error."""
+    rows = []
+    for run in grid:
+        link = links.get(run.run_id)
+        name = (f'<a href="{link}">{html.escape(run.run_id)}</a>' if link
+                else html.escape(run.run_id))
+        score = ((run.metrics or {}).get("best_dev") or {}).get("score")
+        css = "kit-ok" if run.status == "ok" else "kit-bad"
+        cells = [name] + [html.escape(str(run.point.get(k, ""))) for k in
+                          ("task", "method", "seed", "model")]
+        cells += [f'<span class="{css}">{html.escape(run.status)}</span>',
+                  "" if score is None else f"{score:.4f}", html.escape(run.error)]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in
+                   ("run (its notebook)", "task", "method", "seed", "model", "status",
+                    "best dev score", "error"))
+    opened = " open" if len(grid) <= 40 else ""
+    return (f"<details{opened}><summary>Runs ({len(grid)} grid points)</summary>"
+            f'<table id="kit-runs"><tr>{head}</tr>{"".join(rows)}</table></details>')
