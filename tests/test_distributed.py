@@ -133,7 +133,7 @@ def test_a_signal_to_one_rank_stops_both_at_one_checkpoint_and_resume_equals_uni
     """SIGTERM to rank 1 only, mid-epoch: both ranks stop after the same step (they agree on it
     every step), write one checkpoint and record preempted; torchrun again resumes inside the
     epoch and ends with the uninterrupted 2-process run's metrics."""
-    base = {**SSA, "synthetic_size": 600, "epochs": 3, "save_labels": False,
+    base = {**SSA, "synthetic_size": 600, "epochs": 2, "save_labels": False,
             "checkpoint_steps": 12}
     stopped = RunConfig(**base, outputs_dir=str(tmp_path / "stopped"))
     # the uninterrupted run trains alongside (its own config file): three torchrun starts are

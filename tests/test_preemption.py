@@ -1,15 +1,11 @@
 """Preemption: SIGTERM, SIGUSR1 or SIGINT stops a run after its current step with a mid-epoch
 checkpoint and status preempted (not failed); rerunning resumes inside the epoch (same batches,
 RNGs, optimizer, lr, SSA labels, history) and ends with the uninterrupted run's metrics, for every
-method family. Two processes: tests/test_distributed.py; a batch and its exit status: below; a
-real scheduler: tests/test_slurm.py."""
+method family. Two processes: tests/test_distributed.py; a batch stopped by SIGUSR1 (its exit
+status 75, its line, the preempted point resumed first) on a real scheduler: tests/test_slurm.py."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,7 +16,6 @@ from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
 from kit.train import loop, preemption
 from kit.train.finetune import fit
 
-REPO = Path(__file__).resolve().parents[1]
 QUIET = dict(model="tiny", lr=5e-3, batch_size=16, epochs=2, report_to=("none",))
 FAMILIES = {     # method family: (settings, the signal it is stopped with)
     "ssa": (dict(task="synthetic", method="ssa-h", synthetic_size=240), signal.SIGTERM),
@@ -119,30 +114,10 @@ def test_a_signal_outside_any_run_leaves_the_handlers_as_they_were():
     assert {s: signal.getsignal(s) for s in preemption.SIGNALS} == before
 
 
-def test_a_preempted_batch_exits_75_and_the_rerun_resumes_the_point_first(tmp_path):
-    """`python -m kit.batch`: SIGUSR1 (what SLURM's --signal sends) while a point trains. The
-    batch forwards it to the point's kernel, starts no new point, says what it left in one line
-    and exits 75; the same command again resumes that point first (mid-epoch) and finishes."""
-    profile = tmp_path / "stoppable.yaml"
-    profile.write_text("notebook: finetune\nreport: false\ngrid:\n  task: synthetic\n  method: [ssa-h, bert]\n"
-                       "  model: tiny\n  synthetic_size: 600\n  epochs: 2\n  lr: 5.0e-3\n"
-                       "  checkpoint_steps: 5\n  report_to: [none]\n")
-    outputs, log = tmp_path / "out", tmp_path / "batch.log"
-    cmd = [sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(outputs)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        started = time.time()
-        while not list(outputs.glob("runs/*/checkpoint/last")):   # the first point trains
-            assert proc.poll() is None and time.time() - started < 300, log.read_text()
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGUSR1)
-        proc.wait(timeout=300)
-    out = log.read_text()
-    assert proc.returncode == preemption.PREEMPTED_EXIT, out[-3000:]
-    assert "stopped by SIGUSR1" in out and "1 run(s) preempted with a checkpoint, 1 not started" \
-        in out, out[-2000:]
-    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resumed from a mid-epoch checkpoint: epoch 1/2" in again.stdout + again.stderr
-    assert "[1/2] task=synthetic method=ssa-h" in again.stdout       # the preempted point first
+def test_a_rerun_takes_its_preempted_points_first(tmp_path):
+    from kit import batch, io as kio
+    points = [dict(task="synthetic", method=m, model="tiny", outputs_dir=str(tmp_path))
+              for m in ("bert", "ssa-h", "bert-mask")]
+    kio.write_json(run_dir_of(RunConfig.from_dict(points[1])) / "metrics.json",
+                   {"status": "preempted"})
+    assert [p["method"] for p in batch.resume_first(points)] == ["ssa-h", "bert", "bert-mask"]

@@ -260,6 +260,8 @@ def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run
     for log in (preempted, other):                  # each task's last start ended well
         assert log.rstrip().splitlines()[-1].startswith(f"ssa-kit: task {job}_"), log
         assert " exits 0 at " in log.rstrip().splitlines()[-1], log
+    assert "stopped by SIGUSR1: 1 run(s) preempted with a checkpoint" in preempted, preempted
+    assert "Rerun the same command to resume (exit 75)" in preempted, preempted     # kit.batch
     assert "stopped on SIGUSR1 and checkpointed; requeueing it" in preempted, preempted
     second_start = preempted.partition(", start 2 on ")[2]     # SLURM ran it again
     assert "resumed from a mid-epoch checkpoint: epoch 2/3" in second_start, preempted
