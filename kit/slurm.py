@@ -97,14 +97,15 @@ task="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"
 echo "ssa-kit: task $task, shard $SLURM_ARRAY_TASK_ID/{tasks}," \\
   "start $((SLURM_RESTART_COUNT + 1)) on $(hostname) at $(date '+%F %T')"
 
-# the batch runs in the background so that this shell can take SLURM's signals and pass them on
-{command} &
-batch=$!
-warned=""
+# the batch runs in the background so that this shell can take SLURM's signals and pass them
+# on; the traps come first, so no signal finds this shell without them
+batch="" warned=""
 trap 'warned=yes; kill -USR1 $batch 2>/dev/null' USR1
 trap 'kill -TERM $batch 2>/dev/null' TERM
 # a background job ignores SIGINT: it is passed on as SIGTERM, which the batch treats alike
 trap 'kill -TERM $batch 2>/dev/null' INT
+{command} &
+batch=$!
 # a trapped signal ends `wait` early: wait again until the batch itself has exited
 while kill -0 $batch 2>/dev/null; do wait $batch; done
 wait $batch
