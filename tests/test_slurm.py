@@ -146,8 +146,11 @@ def test_the_script_passes_signals_to_the_batch_and_requeues_after_sigusr1(tmp_p
     (tmp_path / "job.sh").write_text(slurm.script(array))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_JOB_ID": "41",
            "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "41"}
+    # as SLURM starts a batch shell: SIGINT not ignored (a pytest-xdist worker ignores it, and
+    # a shell cannot trap a signal ignored when it started)
     job = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while not (tmp_path / "started").exists():
         assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()
