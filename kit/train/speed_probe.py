@@ -15,28 +15,35 @@ import torch
 # measured there as it is now (the suite changes more often than the demo). predict() fits
 # wall = overhead + k * s/step through the machines that measured it (least squares).
 CALIBRATION = {
+    "2-core AVX2 EPYC (0.52 s/step)": {
+        "probe_s_per_step": 0.52, "demo_s": 688, "suite_s": 592,
+        "source": "a 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh doctor on "
+                  "idle cores (0.50-0.53 s/step); demo = the README command on a fresh clone of "
+                  "f82d25d (SST-2 in place of RTE, 1000-1500 rows); suite = fresh-clone-check of "
+                  "4c0c2a3, offline, a pytest worker per core. The rows below measured the "
+                  "earlier demo and suite: kept for their probes, not fitted"},
     "2-core AVX2 EPYC (slow)": {
-        "probe_s_per_step": 1.78, "demo_s": 955, "suite_s": None,
+        "probe_s_per_step": 1.78, "demo_s": None, "suite_s": None,
         "source": "all on one 2-core AMD EPYC VM (AVX2 only, fp32 matmul peak 27-32 GFLOP/s), "
                   "2026-11-25: probe = kit.train.speed_probe.probe, fp32, load 2.4-2.9 (median "
                   "of 5: 1.70-1.94 s/step); demo = the README command on a fresh clone, "
                   "offline. Its suite (899 s) was the suite before session 8 made its slowest "
                   "tests cheaper"},
     "2-core AVX2 EPYC (fast)": {
-        "probe_s_per_step": 0.926, "demo_s": 465, "suite_s": 331,
+        "probe_s_per_step": 0.926, "demo_s": None, "suite_s": None,
         "source": "another 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh "
                   "doctor on idle cores; demo = the README command on a fresh clone of 5fc96d5; "
                   "suite = the README command on a fresh clone of 956b397 (the notebook tests "
                   "share a kernel), offline, a pytest worker per core. The demo was predicted "
                   "before it ran, from the two other machines: 8.4 min, measured 7.75"},
     "2-core avx512_bf16 EPYC": {
-        "probe_s_per_step": 0.259, "demo_s": 147, "suite_s": 183,
+        "probe_s_per_step": 0.259, "demo_s": None, "suite_s": None,
         "source": "a 2-core AMD EPYC VM with avx512_bf16 and no AMX (bf16 autocast), "
                   "2026-11-25: probe = ./run_all.sh doctor on idle cores, before either command "
                   "ran (it predicted the demo at 2.3 min); demo and suite = fresh-clone-check of "
                   "8985ab7, offline, a pytest worker per core (.ci/run on the same clone: 180 s)"},
     "2-core AMX Xeon": {
-        "probe_s_per_step": 0.198, "demo_s": 123, "suite_s": None,
+        "probe_s_per_step": 0.198, "demo_s": None, "suite_s": None,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
                   "(docs/benchmarks.md, quiet machine); demo: README (fresh clone, HEAD "
                   "63fff3a, 2026-11-24). Its suite (337 s, one pytest process) was the old suite"},
