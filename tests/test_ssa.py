@@ -1,8 +1,6 @@
 """SSA masking and labelling: property tests over random rows, and both label rules on
 hand-made predictions (a fake model whose prediction flips exactly when a chosen token is masked);
 saved labels are data: replayed exactly, a pickle in their place refused unread."""
-import os
-import shlex
 from dataclasses import fields
 from pathlib import Path
 
@@ -10,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_io import RunsCode      # the crafted pickle, defined once
 from kit import io as kio
 from kit import runs
 from kit.config.run_config import RunConfig
@@ -229,17 +228,6 @@ def test_saved_labels_replay(tmp_path):
 
 def never(examples):
     raise AssertionError("probed despite saved labels")
-
-
-class RunsCode:
-    """Unpickling this runs a shell command that creates a marker file: the attack a pickle in
-    a shared outputs/ folder is."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
 
 
 def plant(run_dir: Path, name: str, marker: Path) -> Path:
