@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SSA_KIT_PROGRESS": "off"}
 SSA = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=160, epochs=1, lr=5e-3,
            batch_size=16, ssa_start_epoch=0, save_labels=True, report_to=("none",))
+MLM = dict(task="CoLA", method="mlm", model="tiny", max_train_examples=64, max_length=32, epochs=1,
+           lr=1e-12, batch_size=16, report_to=("none",))
 DEV_TOLERANCE = 0.15       # accuracy points of a 40-row dev set, tiny random model
 
 
@@ -63,11 +65,21 @@ def labels(cfg: RunConfig, epoch: int = 0):
     return read_saved_epoch(run_dir_of(cfg), epoch)["epoch_set"]
 
 
-def test_ssa_h_on_two_processes_and_on_two_nodes_through_the_batch_runner(tmp_path, comparable):
+def profile_of(path: Path, *points: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"grid": [{k: list(v) if isinstance(v, tuple) else v
+                                          for k, v in point.items()} for point in points]}))
+    return path
+
+
+def test_ssa_h_and_pretraining_on_two_processes_and_on_two_nodes_through_the_batch_runner(
+        tmp_path, comparable):
+    """One batch, --processes 2, runs SSA-H and masked-LM pretraining (lr ~0 there: the same
+    weights on both ranks, so the held-out loss summed over both ranks' slices equals one
+    process's); beside it two batches of one process each meet as two nodes on SSA-H."""
     one = fit(RunConfig(**SSA, outputs_dir=str(tmp_path / "one")))
-    profile = tmp_path / "ddp.yaml"
-    profile.write_text("grid:\n" + "".join(f"  {k}: {json.dumps(list(v) if isinstance(v, tuple) else v)}\n"
-                                          for k, v in SSA.items()))
+    one_mlm = fit(RunConfig(**MLM, outputs_dir=str(tmp_path / "one")))
+    profile = profile_of(tmp_path / "ddp.yaml", SSA)
     out = tmp_path / "two"
     # alongside: the same point on two "nodes" of one process each, two batches meeting at a
     # c10d rendezvous on localhost (what --nodes does across machines)
@@ -76,14 +88,15 @@ def test_ssa_h_on_two_processes_and_on_two_nodes_through_the_batch_runner(tmp_pa
                                f"localhost:{29500 + os.getpid() % 500}"], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
-    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
+    both = profile_of(tmp_path / "both" / "ddp.yaml", SSA, MLM)     # the same profile name
+    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(both), "--outputs", str(out),
                            "--processes", "2", "--no-report"], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for node in nodes:
         log = node.communicate(timeout=600)[0]
         assert node.returncode == 0 and "1 ok, 0 skipped, 0 failed" in log, log[-3000:]
-    assert "1 ok, 0 skipped, 0 failed" in proc.stdout
+    assert "2 ok, 0 skipped, 0 failed" in proc.stdout
     cfg = RunConfig(**SSA, outputs_dir=str(out.resolve()), profile="ddp")
     two = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert two["status"] == "ok" and two["processes"] == 2 and one["processes"] == 1
@@ -110,6 +123,14 @@ def test_ssa_h_on_two_processes_and_on_two_nodes_through_the_batch_runner(tmp_pa
                          / "metrics.json").read_text())
     assert spread["processes"] == 2
     assert comparable(spread) == comparable(two)
+    # pretraining: the global counts and the held-out loss of one process
+    mlm = json.loads((run_dir_of(RunConfig(**MLM, outputs_dir=str(out.resolve()), profile="ddp"))
+                      / "metrics.json").read_text())
+    assert mlm["status"] == "ok" and mlm["processes"] == 2 and one_mlm["processes"] == 1
+    assert mlm["train_examples"] == one_mlm["train_examples"]
+    assert mlm["heldout_masked_tokens"] == one_mlm["heldout_masked_tokens"]
+    assert mlm["best_dev"]["mlm_loss"] == pytest.approx(one_mlm["best_dev"]["mlm_loss"], rel=1e-5)
+    assert "Pretraining (held-out masked-LM loss" in (out / "tables" / "ddp.md").read_text()
 
 
 @pytest.mark.parametrize("extra", [

@@ -75,6 +75,10 @@ def test_a_signal_mid_epoch_stops_with_a_checkpoint_and_the_rerun_ends_as_if_uni
     assert resumed["resumed_inside_epoch"] == {"epoch": 1, "position": stopped["batch"]}
     assert comparable(resumed) == comparable(straight)
     assert history(cfg).equals(history(straight_cfg))
+    # the same weights, bit for bit (for masked-LM: the masks are drawn from seed, epoch, rows)
+    a, b = (checkpoint_dir(run_dir_of(c)) / "best" / "model.safetensors"
+            for c in (cfg, straight_cfg))
+    assert a.read_bytes() == b.read_bytes()
     assert not list(checkpoint_dir(run_dir_of(cfg)).glob("epoch*"))  # kept only inside an epoch
 
 

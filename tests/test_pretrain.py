@@ -1,7 +1,8 @@
 """Task-adaptive masked-LM pretraining (method mlm, kit.train.pretrain): its config rules and text,
 transformers' masking seeded per batch, a run end to end whose folder AutoModelForMaskedLM
-loads and a fine-tuning run takes as `model`, kill -9 resume, 2 processes (gloo), and a profile
-whose fine-tuning point loads the folder its pretraining point wrote."""
+loads and a fine-tuning run takes as `model`, and a profile whose fine-tuning point loads the
+folder its pretraining point wrote. Resume after a signal: tests/test_preemption.py; 2 processes
+(gloo) through the batch runner: tests/test_distributed.py."""
 import json
 import os
 import subprocess
@@ -186,44 +187,6 @@ def test_whole_word_masking_run_without_checkpoints(tmp_path):
     assert (adapted / "model.safetensors").exists() and (adapted / "tokenizer.json").exists()
     assert not checkpoint_dir(run_dir_of(cfg)).exists()
     assert not list(tmp_path.glob(".adapted.*"))          # the temp folder was swapped in
-
-
-def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_run(
-        tmp_path, kill_after_first_checkpoint, comparable):
-    """Masks are drawn from (seed, epoch, rows): the resumed run trains on the same masked
-    batches and ends on the same losses and weights, bit for bit."""
-    base = {**TINY, "max_train_examples": 600, "epochs": 3}
-    killed = RunConfig(**base, outputs_dir=str(tmp_path / "killed"))
-    kill_after_first_checkpoint(killed, env=ENV, settle=0.3, timeout=120)   # inside epoch 1
-    resumed = fit(killed)
-    assert resumed["resumed_after_epoch"] in (0, 1)
-    straight = fit(RunConfig(**base, outputs_dir=str(tmp_path / "straight")))
-    assert comparable(resumed) == comparable(straight)
-    a, b = (checkpoint_dir(run_dir_of(c)) / "best" / "model.safetensors"
-            for c in (killed, RunConfig(**base, outputs_dir=str(tmp_path / "straight"))))
-    assert a.read_bytes() == b.read_bytes()
-
-
-def test_pretraining_on_two_processes_through_the_batch_runner(tmp_path):
-    """gloo, 2 ranks: the global counts of one process; the held-out loss is summed over both
-    ranks' slices (lr ~0: the same weights, so the same loss as one process)."""
-    still = {**TINY, "lr": 1e-12, "max_train_examples": 64}
-    one = fit(RunConfig(**still, outputs_dir=str(tmp_path / "one")))
-    profile = tmp_path / "ddp.yaml"
-    profile.write_text("grid:\n" + "".join(
-        f"  {k}: {json.dumps(list(v) if isinstance(v, tuple) else v)}\n" for k, v in still.items()))
-    out = tmp_path / "two"
-    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--outputs", str(out),
-                           "--processes", "2", "--no-report"], cwd=REPO, env=ENV,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    two = json.loads((run_dir_of(RunConfig(**still, outputs_dir=str(out.resolve()), profile="ddp"))
-                      / "metrics.json").read_text())
-    assert two["status"] == "ok" and two["processes"] == 2 and one["processes"] == 1
-    assert two["train_examples"] == one["train_examples"]
-    assert two["heldout_masked_tokens"] == one["heldout_masked_tokens"]
-    assert two["best_dev"]["mlm_loss"] == pytest.approx(one["best_dev"]["mlm_loss"], rel=1e-5)
-    assert "Pretraining (held-out masked-LM loss" in (out / "tables" / "ddp.md").read_text()
 
 
 # ---------------------------------------------------------------- notebook and profile
