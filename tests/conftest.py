@@ -90,14 +90,34 @@ def glue_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def run_notebook():
-    """`run_notebook(notebook, output, **parameters)`: papermill executes `notebook` in this test
-    worker's warm kernel (kit.kernels, as a batch runs its points; tests/test_batch.py checks
-    that warm gives a fresh kernel's results). A kernel start and its imports of torch and
-    transformers cost ~8 s of CPU on an AVX2 core: the notebook smoke tests pay it once. One
-    torch thread in the kernel, as in the runs the tests compare it with."""
+def warm_kernels():
+    """This test worker's warm notebook kernel (kit.kernels, as a batch runs its points;
+    tests/test_batch.py checks that warm gives a fresh kernel's results). A kernel start and its
+    imports of torch and transformers cost ~8 s of CPU on an AVX2 core: the notebook and batch
+    tests pay it once per worker. One torch thread in the kernel, as in the runs the tests
+    compare it with."""
     from kit.kernels import Kernels
 
     with Kernels(env={"OMP_NUM_THREADS": "1"}) as kernels:
-        yield lambda notebook, output, **parameters: kernels.execute(
-            Path(notebook), Path(output), parameters, stderr_file=None)
+        yield kernels
+
+
+@pytest.fixture(scope="session")
+def run_notebook(warm_kernels):
+    """`run_notebook(notebook, output, **parameters)`: papermill executes `notebook` in this test
+    worker's warm kernel."""
+    yield lambda notebook, output, **parameters: warm_kernels.execute(
+        Path(notebook), Path(output), parameters, stderr_file=None)
+
+
+@pytest.fixture
+def batch_kernel(monkeypatch, warm_kernels):
+    """kit.batch runs its points (and report) in this worker's warm kernel instead of starting
+    one of its own. A failed point still takes the kernel with it (the next point starts
+    another); the batch's end leaves it running for the next test."""
+    import contextlib
+
+    from kit import batch
+
+    monkeypatch.setattr(batch, "Kernels",
+                        lambda fresh=False: contextlib.nullcontext(warm_kernels))

@@ -103,7 +103,8 @@ def test_run_lock_is_exclusive(tmp_path):
         assert again
 
 
-def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys):
+def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys,
+                                                      batch_kernel):
     """All four methods through papermill; a failing point is recorded and the batch goes on;
     a rerun skips finished runs and retries only the failed one. The failing point comes first
     (one point: each failure costs a kernel start, ~10 s on a 2-core AVX2 CPU)."""
@@ -221,7 +222,7 @@ grid:
     assert len({RunConfig.from_dict(p).run_id for p in points}) == len(points)
 
 
-def test_notebook_defaults_do_not_leak_into_the_run(tmp_path):
+def test_notebook_defaults_do_not_leak_into_the_run(tmp_path, batch_kernel):
     """The grid sets neither lr nor synthetic_size, whose finetune.ipynb defaults (a smoke run)
     differ from RunConfig's: the notebook must still train exactly the runner's config."""
     path = write_profile(tmp_path, "grid:\n  model: tiny\n  epochs: 1\n  synthetic_size: 2000\n")
@@ -278,7 +279,7 @@ def test_glue_dir_env_typo_is_an_error(tmp_path, capsys, monkeypatch, no_kernels
     assert "GLUE_DIR=/no/such/env/glue: no such folder" in capsys.readouterr().err
 
 
-def test_a_task_found_nowhere_is_skipped_or_stops_the_batch(tmp_path, capsys, monkeypatch):
+def test_a_task_found_nowhere_is_skipped_or_stops_the_batch(tmp_path, capsys, batch_kernel):
     """MRPC is not in the project's copy and the hub is unreachable (HF_HUB_OFFLINE=1)."""
     text = "grid:\n  task: [synthetic, MRPC]\n  model: tiny\n  synthetic_size: 64\n  epochs: 1\n"
     path = write_profile(tmp_path, text)

@@ -227,7 +227,8 @@ grid:
 """
 
 
-def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys):
+def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys,
+                                                               batch_kernel):
     """tapt-smoke's shape on the tiny model: the points run in order, each through its own
     notebook (`notebook: auto`), the second on the folder the first wrote."""
     profile = tmp_path / "tapt.yaml"

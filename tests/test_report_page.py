@@ -244,7 +244,7 @@ def _smoke_batch(tmp_path: Path) -> tuple[list[str], Path]:
     return printed.getvalue().strip().splitlines(), out
 
 
-def test_the_smoke_report_end_to_end_and_in_a_browser(tmp_path):
+def test_the_smoke_report_end_to_end_and_in_a_browser(tmp_path, batch_kernel):
     """The batch's last line, its run pages and executed notebooks (without a browser); then
     the page in Chromium (one test: the batch runs once, on one pytest worker)."""
     lines, out = _smoke_batch(tmp_path)
