@@ -9,7 +9,7 @@ once, namespace cleared between points, a fresh kernel after a failed point; --f
 for one kernel per point); training progress is streamed to this terminal as plain lines.
 Finished runs (metrics.json status ok) are skipped, so a rerun retries only failed and missing
 ones; a failed run is recorded and the batch goes on; a lock per run keeps two batches on the
-same profile from running one config twice. At the end the collector
+same profile from running one config twice. At the end kit.results.profile_outputs
 writes outputs/tables/<profile>.{md,csv,tex}, prints the main table, draws the profile's
 figures and prints a summary line; the exit status is 1 if any run failed. Last, in the same
 kernel, the report (kit.results.page), whose path is the last line (--no-report or `report:
@@ -26,20 +26,18 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import pandas as pd
-
 from kit import io as kio
 from kit.train import progress as kprogress
 from kit.config.run_config import ConfigError, RunConfig
 from kit.models.backbones import ModelError
 from kit.kernels import Kernels
+from kit.results import profile_outputs
 from kit.train.preemption import FORWARD, PREEMPTED_EXIT, forwarding_signals
 from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
 from kit.train.provenance import environment
 from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.data.readers import DataError
-from kit.runs import (config_path, finished_metrics, make_run_dir, read_metrics, record_failed,
-                      run_dir_of)
+from kit.runs import finished_metrics, make_run_dir, read_metrics, record_failed, run_dir_of
 
 # ---------------------------------------------------------------- one point
 
@@ -220,7 +218,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
             if status == "preempted":
                 return _stopped(profile, signals.received, points[i:], counts)
         # inside the block: the report's notebooks run in the points' warm kernel
-        collect(profile, outputs_dir, show=True)
+        profile_outputs.write(profile, outputs_dir, show=True)
         print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
               f"{counts['failed']} failed, {counts['absent']} absent (task files missing) "
               f"in {time.perf_counter() - started:.0f}s", flush=True)
@@ -245,7 +243,7 @@ def report_only(name: str, outputs_dir: str = "outputs") -> int:
     """`./run_all.sh report PROFILE`: tables, figures and report of the runs present."""
     prepare_kernels()
     profile = load_profile(name, outputs_dir)
-    collect(profile, outputs_dir)
+    profile_outputs.write(profile, outputs_dir)
     with Kernels() as kernels:
         print(line := build_report(profile, outputs_dir, kernels), flush=True)
     return 1 if line.startswith("report: failed") else 0
@@ -271,40 +269,6 @@ def _stopped(profile: Profile, received: str | None, left: list[dict], counts: d
           f"{counts['failed']} failed. Rerun the same command to resume "
           f"(exit {PREEMPTED_EXIT})", flush=True)
     return PREEMPTED_EXIT
-
-
-def collect(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
-    """Tables of every run of the profile that has a folder (this shard's and others'), and the
-    profile's figures; `show` prints the first table to the terminal."""
-    from kit.results import table_sets, writers
-    from kit.results.collect import load_runs
-    run_dirs = [d for d in (run_dir_of(RunConfig.from_dict(p)) for p in profile.points)
-                if config_path(d).exists()]
-    if not run_dirs:
-        return []
-    tables = table_sets.profile_tables(load_runs(run_dirs), profile.varying())
-    paths = writers.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
-    if show:
-        title, table = next(iter(tables.items()))
-        named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
-        notes = "".join(f"{line}\n" for line in table.attrs.get("notes", ()))
-        print(f"\n{title} - {profile.name} (dev sets; {paths[0]})\n{notes}"
-              f"{named.to_markdown(index=False)}\n", flush=True)
-    return paths + [_figure(profile, kind, outputs_dir, show) for kind in profile.figures]
-
-
-def _figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path:
-    from kit.results import figures
-    draw = {"label-quality": figures.label_quality_figure, "cost": figures.cost_figure,
-            "gamma": figures.gamma_figure}
-    if kind not in draw:
-        raise ConfigError(f"{profile.path}: unknown figure {kind!r}; choose from "
-                          f"{', '.join(draw)}")
-    fig = draw[kind](outputs_dir=outputs_dir, profile=profile.name)
-    path = figures.save_figure(fig, outputs_dir, f"{profile.name}-{kind}")
-    if show:
-        print(f"figure: {path}", flush=True)
-    return Path(path)
 
 
 def main(argv: list[str] | None = None) -> int:

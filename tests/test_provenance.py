@@ -12,7 +12,7 @@ import torch
 
 from kit import batch, runs
 from kit.train import provenance
-from kit.results import collect, table_sets, writers
+from kit.results import collect, profile_outputs, table_sets, writers
 from kit.config.run_config import RunConfig
 from kit.train.finetune import fit, run_dir_of
 
@@ -174,16 +174,40 @@ def test_the_notes_head_the_written_tables_once(tmp_path):
 
 
 def test_a_one_seed_profile_says_so_above_its_printed_and_written_tables(tmp_path, capsys):
-    """The demo's shape (two methods, seed 0) through kit.batch.collect, with the tiny model."""
+    """The demo's shape (two methods, seed 0) through kit.results.profile_outputs, with the
+    tiny model."""
     path = tmp_path / "one-seed.yaml"
     path.write_text("grid:\n  task: synthetic\n  model: tiny\n  method: [bert, ssa-h]\n"
                     "  seed: 0\n  synthetic_size: 32\n  epochs: 1\n  save_checkpoints: false\n")
     profile = batch.load_profile(str(path), str(tmp_path))
     for point in profile.points:
         fit(RunConfig.from_dict(point))
-    paths = batch.collect(profile, str(tmp_path), show=True)
+    paths = profile_outputs.write(profile, str(tmp_path), show=True)
     note = ("1 run (seed) per cell: differences between methods are not evidence (at least 3 "
             "seeds per cell are)")
     printed = capsys.readouterr().out.splitlines()
     assert printed[1].startswith("Paper layout (Table 2) - one-seed") and printed[2] == note
     assert paths[0].read_text().startswith(f"> {note}\n\n## Paper layout")
+
+
+def test_figures_come_from_the_profile_file_and_nothing_to_draw_is_one_line(tmp_path, capsys):
+    """A YAML named like a shipped profile (demo.yaml) draws from its own runs, not from
+    params/demo.yaml's; a figure with nothing to draw (no SSA run) is one line, the tables
+    stand."""
+    grid = "  task: synthetic\n  model: tiny\n  seed: 0\n  synthetic_size: 32\n  epochs: 2\n" \
+           "  save_checkpoints: false\nfigures: [label-quality]\n"
+    own = tmp_path / "mine" / "demo.yaml"
+    own.parent.mkdir()
+    own.write_text("grid:\n  method: [bert, ssa-h]\n" + grid)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("grid:\n  method: bert\n" + grid)
+    drawn = {}
+    for path in (own, bare):
+        profile = batch.load_profile(str(path), str(tmp_path))
+        for point in profile.points:
+            fit(RunConfig.from_dict(point))
+        drawn[path.stem] = profile_outputs.write(profile, str(tmp_path))
+    assert drawn["demo"][-1] == tmp_path / "figures" / "demo-label-quality.png"
+    assert drawn["bare"] and all(p.parent.name == "tables" for p in drawn["bare"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("figure label-quality: not drawn (label quality: ")

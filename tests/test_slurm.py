@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit import runs, slurm
+from kit import batch, runs, slurm
 from kit.config.profiles import load_profile, shard
 from kit.config.run_config import RunConfig
 
@@ -211,7 +211,7 @@ def _read(path: Path) -> str:
 
 
 def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run(
-        slurm_cluster, tmp_path, comparable):
+        slurm_cluster, tmp_path, comparable, batch_kernel):
     """The smoke grid (its 4 methods) as a 2-task array on the real scheduler. Task 1 runs
     ssa-co, then bert (a longer run that checkpoints every 8 steps); once bert has written a
     checkpoint inside its second epoch, the task gets SIGUSR1 (`scancel --signal=USR1 --batch`,
@@ -242,22 +242,17 @@ def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run
     assert submitted.returncode == 0, submitted.stderr
     job = re.search(r"submitted job array (\d+)", submitted.stdout)[1]
     logs = [array_out / "slurm" / f"slurm-smoke-{job}_{i}.log" for i in (0, 1)]
-    # the same grid unsharded, beside the array (its results do not depend on the load)
-    plain = subprocess.Popen([sys.executable, "-m", "kit.batch", str(profile), "--outputs",
-                              str(plain_out)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
     try:
         # a checkpoint inside epoch 2 (0-based 1) exists: bert is 2 steps into it, 36 to go
         _wait(lambda: epoch_dir(bert, 1).is_dir() or not _queued(job), 300, "bert's epoch 2")
         assert _queued(job), _read(logs[1])
         subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_1"], check=True)
         _wait(lambda: not _queued(job), 300, "the array's end")
-        plain_log, _ = plain.communicate(timeout=300)
     finally:                                        # nothing left running after a failure
         subprocess.run(["scancel", job], capture_output=True)
-        if plain.poll() is None:
-            plain.kill()
-    assert plain.returncode == 0, plain_log
+    # the same grid unsharded, without SLURM, in this worker's warm kernel (one thread, as the
+    # tasks' kernels: the same float sums)
+    assert batch.run_profile(str(profile), outputs_dir=str(plain_out)) == 0
 
     other, preempted = _read(logs[0]), _read(logs[1])
     for log in (preempted, other):                  # each task's last start ended well

@@ -5,7 +5,7 @@
                                 notebook of its kind (`point_notebook`: pretrain, multitask ...)
     skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
     figures: [label-quality]    figures the batch draws after its tables (label-quality, cost,
-                                gamma: kit.batch._figure)
+                                gamma: kit.results.profile_outputs)
     report: false               no HTML report after the batch (default true: kit.results.page
                                 writes outputs/reports/<profile>/index.html)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)

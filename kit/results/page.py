@@ -41,8 +41,8 @@ from kit.results import page_header  # noqa: E402
 
 Execute = Callable[[Path, Path, dict], None]
 
-# the figure notebooks a profile's `figures:` asks for (kit.batch._figure draws the same figures
-# as PNG files), and those written for one profile (their own text names it)
+# the figure notebooks a profile's `figures:` asks for (kit.results.profile_outputs draws the
+# same figures as PNG files), and those written for one profile (their own text names it)
 FIGURE_NOTEBOOKS = {"label-quality": "label_quality", "gamma": "gamma", "cost": "cost"}
 PROFILE_NOTEBOOKS = {"gamma": ("gamma", "cost"), "case-study": ("case_study",),
                      "mechanism": ("mechanism",)}

@@ -1,0 +1,53 @@
+"""A profile's tables and figures, as a batch writes them at its end (and `--report-only`):
+outputs/tables/<profile>.{md,csv,tex} from every run of its grid that has a folder (this
+shard's and others'), then the figures its `figures:` names in outputs/figures/."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kit.config.profiles import Profile
+from kit.config.run_config import ConfigError, RunConfig
+from kit.results import table_sets, writers
+from kit.results.collect import load_runs
+from kit.runs import config_path, run_dir_of
+
+
+def write(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
+    """The tables and figures' paths; `show` prints the first table to the terminal and a line
+    per figure."""
+    run_dirs = [d for d in (run_dir_of(RunConfig.from_dict(p)) for p in profile.points)
+                if config_path(d).exists()]
+    if not run_dirs:
+        return []
+    tables = table_sets.profile_tables(load_runs(run_dirs), profile.varying())
+    paths = writers.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
+    if show:
+        title, table = next(iter(tables.items()))
+        named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
+        notes = "".join(f"{line}\n" for line in table.attrs.get("notes", ()))
+        print(f"\n{title} - {profile.name} (dev sets; {paths[0]})\n{notes}"
+              f"{named.to_markdown(index=False)}\n", flush=True)
+    figures = [figure(profile, kind, outputs_dir, show) for kind in profile.figures]
+    return paths + [path for path in figures if path is not None]
+
+
+def figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path | None:
+    """One of the profile's figures, drawn from its grid's runs; None, with one line, when they
+    hold nothing to draw (e.g. no SSA run finished): the tables and results stand."""
+    from kit.results import figures          # matplotlib: only for a profile that draws
+    draw = {"label-quality": figures.label_quality_figure, "cost": figures.cost_figure,
+            "gamma": figures.gamma_figure}
+    if kind not in draw:
+        raise ConfigError(f"{profile.path}: unknown figure {kind!r}; choose from "
+                          f"{', '.join(draw)}")
+    try:     # the profile by its file: a YAML elsewhere may share a name with one in params/
+        fig = draw[kind](outputs_dir=outputs_dir, profile=str(profile.path))
+    except ValueError as err:
+        print(f"figure {kind}: not drawn ({str(err).splitlines()[0]})", flush=True)
+        return None
+    path = figures.save_figure(fig, outputs_dir, f"{profile.name}-{kind}")
+    if show:
+        print(f"figure: {path}", flush=True)
+    return Path(path)
