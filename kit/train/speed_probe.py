@@ -16,12 +16,12 @@ import torch
 # wall = overhead + k * s/step through the machines that measured it (least squares).
 CALIBRATION = {
     "2-core AVX2 EPYC (0.52 s/step)": {
-        "probe_s_per_step": 0.52, "demo_s": 688, "suite_s": 592,
+        "probe_s_per_step": 0.52, "demo_s": 427, "suite_s": 343,
         "source": "a 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh doctor on "
-                  "idle cores (0.50-0.53 s/step); demo = the README command on a fresh clone of "
-                  "f82d25d (SST-2 in place of RTE, 1000-1500 rows); suite = fresh-clone-check of "
-                  "4c0c2a3, offline, a pytest worker per core. The rows below measured the "
-                  "earlier demo and suite: kept for their probes, not fitted"},
+                  "idle cores (0.50-0.53 s/step); demo (the retuned one: SST-2, CoLA, STS-B, "
+                  "600-1500 rows) and suite = fresh-clone-check of 5f1c15e, offline, a pytest "
+                  "worker per core (the demo alternated with the earlier one: 382 s). The rows "
+                  "below measured the earlier demo and suite: kept for their probes, not fitted"},
     "2-core AVX2 EPYC (slow)": {
         "probe_s_per_step": 1.78, "demo_s": None, "suite_s": None,
         "source": "all on one 2-core AMD EPYC VM (AVX2 only, fp32 matmul peak 27-32 GFLOP/s), "
