@@ -26,7 +26,8 @@ DEGENERATE = "†"     # a degenerate cell (kit.results.tables.degenerate)
 def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) -> str:
     """What a paper_table shows and tested, for its caption."""
     label = METHOD_LABELS.get(baseline, baseline)
-    avg = ("Avg: GLUE average of the task scores" + (
+    avg = ("Avg: the average of the task scores of every column scored in percent, as GLUE "
+           "averages them (a synthetic task counts as one)" + (
         f", leaving out {', '.join(left_out)} (a degenerate cell in the column)" if left_out
         else "") + ".")
     return (f"Dev metrics x100 (rmse tasks in their units), mean ± std over seeds; {EPOCH_VIEWS[epoch]}. "
@@ -109,7 +110,8 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
     seed, or a constant predictor's exact 0 on MCC / Pearson, one seed included:
     `kit.results.tables.degenerate`); a task with one is left out of every row's Avg, so the
     averages stay comparable.
-    Avg is the GLUE average of the task scores, "n/a" when a task has no OK run. The caption
+    Avg averages the task scores as GLUE does, over every percent-scored column (a synthetic task
+    counts as one), "n/a" when a task has no OK run. The caption
     (`.attrs["caption"]`) says all this. k-fold CSV runs are left out (see fold_table).
 
     `paper` ("base", "large", "roberta-base", "roberta-large") adds under each method the
