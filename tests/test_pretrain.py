@@ -4,9 +4,6 @@ loads and a fine-tuning run takes as `model`, and a profile whose fine-tuning po
 folder its pretraining point wrote. Resume after a signal: tests/test_preemption.py; 2 processes
 (gloo) through the batch runner: tests/test_distributed.py."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
@@ -24,7 +21,6 @@ from kit.runs import checkpoint_dir, run_dir_of
 from kit.train.finetune import fit
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "SSA_KIT_PROGRESS": "off"}
 TINY = dict(task="CoLA", method="mlm", model="tiny", max_train_examples=200, max_length=32,
             epochs=1, lr=5e-3, batch_size=16, report_to=("none",))
 

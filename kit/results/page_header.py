@@ -134,8 +134,8 @@ def _tally(values) -> str:
 
 
 def main_table(profile: Profile, grid: list[GridRun]) -> tuple[str, pd.DataFrame | None]:
-    """The profile's first table, as kit.results.profile_outputs writes it (its CSV is the same table), or
-    (why not, None) when no run has a folder or the tables cannot be made. Runs that stopped
+    """The profile's first table, as kit.results.profile_outputs writes it (its CSV is the same
+    table), or (why not, None) when no run has a folder or the tables cannot be made. Runs that stopped
     early (preempted) or cannot be read have no result yet: the warnings count them."""
     started = [r.run_dir for r in grid if runs.config_path(r.run_dir).exists()
                and r.status in ("ok", "failed", "incomplete")]
