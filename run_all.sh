@@ -53,7 +53,16 @@ setup() {
   fi
 }
 
-setup
+# one set-up at a time per venv: the tasks of a SLURM array start together on one shared .venv,
+# and two pip installs into one venv at once break it. flock (util-linux) waits for the lock,
+# which the kernel drops when its holder exits; fd 9 is closed before the command below runs
+if command -v flock >/dev/null 2>&1 && mkdir -p "$VENV" && exec 9>>"$VENV/.setup.lock"; then
+  flock 9
+  setup
+  exec 9>&-
+else
+  setup
+fi
 case "${1:-demo}" in
   test)
     shift || true

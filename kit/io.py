@@ -1,5 +1,9 @@
 """Atomic writes: a file a later step reads is either complete or absent, never half-written.
 
+Written beside, flushed to disk (fsync), renamed over the name, the folder flushed: a killed
+process or a crashed node leaves the old file or the new one (unflushed, a rename may reach the
+disk before the data: an empty file under the real name on ext4, XFS, Lustre).
+
 Arrays the kit writes and reads back (saved SSA labels, a checkpoint's epoch examples) go
 through `write_arrays` / `read_arrays`: an .npz of plain arrays plus a JSON header, loaded with
 pickling off. outputs/ may be a folder other people write to; a pickle (torch.save, np.save of
@@ -36,7 +40,9 @@ def atomic_path(path: str | Path):
     os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; results are meant to be shared
     try:
         yield Path(tmp)
+        fsync(tmp)                     # the data on disk before the name points at it
         os.replace(tmp, path)
+        fsync(path.parent, folder=True)     # and the rename itself
     except OSError as err:
         if err.errno == errno.ENOSPC:
             raise OutputsError(f"disk full while writing {path}; free space and rerun "
@@ -47,10 +53,45 @@ def atomic_path(path: str | Path):
             os.remove(tmp)
 
 
+def fsync(path: str | Path, folder: bool = False) -> None:
+    """Flush a written file's data, or a folder's entries (new names, renames), to the disk.
+    Windows cannot open a folder for that; some filesystems refuse (EINVAL): nothing to do."""
+    if folder and os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if folder else 0))
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if not folder or err.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str | Path) -> None:
+    """fsync every file under `path`, then every folder, deepest first: a folder written by
+    other code (accelerate's checkpoint) before it is renamed into place."""
+    for folder, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync(os.path.join(folder, name))
+        fsync(folder, folder=True)
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object from disk, or a one-line ValueError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: corrupt JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -220,12 +261,52 @@ def atomic_dir(path: str | Path):
     old = tmp.with_suffix(".old")
     try:
         yield tmp
+        fsync_tree(tmp)
         if path.exists():
-            path.rename(old)
-        tmp.rename(path)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        fsync(path.parent, folder=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- a folder's files, set aside
+# A folder's files but its dot-files (locks, temp files being written) move into a new hidden
+# folder and back. Each rename is atomic, several are not: they go through <aside>.moving /
+# <aside>.restoring, which `settle` finishes after a process died halfway.
+
+def set_aside(folder: Path, aside: Path) -> None:
+    """Move `folder`'s files into the new folder `aside`: all of them or, killed, none."""
+    _move_files(folder, _staged(aside, "moving"))
+    _staged(aside, "moving").rename(aside)
+
+
+def put_back(folder: Path, aside: Path) -> None:
+    """Replace `folder`'s files by those `set_aside` moved into `aside` (which goes)."""
+    for path in [p for p in folder.iterdir() if not p.name.startswith(".")]:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    aside.rename(_staged(aside, "restoring"))
+    _move_files(_staged(aside, "restoring"), folder)
+
+
+def settle(folder: Path, aside: Path) -> None:
+    """Finish a `set_aside` (undone) or a `put_back` that a killed process left halfway."""
+    for staged in (_staged(aside, "moving"), _staged(aside, "restoring")):
+        if staged.exists():
+            _move_files(staged, folder)
+
+
+def _staged(aside: Path, stage: str) -> Path:
+    return aside.with_name(f"{aside.name}.{stage}")
+
+
+def _move_files(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in sorted(p for p in src.iterdir() if not p.name.startswith(".")):
+        path.rename(dst / path.name)
+    if src.name.endswith((".moving", ".restoring")):     # a staging folder, now empty
+        src.rmdir()
 
 
 def _jsonable(value):

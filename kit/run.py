@@ -8,8 +8,9 @@ Any RunConfig field, as `name=value`, `--name value` or `--name=value` (dashes o
 Values are YAML scalars (1e-4, true, 3) for number and yes/no fields, verbatim text for text
 fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (`tasks=RTE,CoLA`,
 `tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
-line on error, exit 2), then run by kit.batch.execute: a finished run is skipped, a failed one
-is recorded in its metrics.json (exit 1). `--notebook NAME` picks another notebook in
+line on error, exit 2), then run by kit.batch.execute: a finished run is reused (one line says
+when and at which commit it was trained) unless `rerun=true` (`--rerun`) trains it again, its
+old results kept until the new run ends ok; a failed run is recorded in its metrics.json (exit 1). `--notebook NAME` picks another notebook in
 notebooks/ (default: finetune; multitask for embert/gated; kaggle_csv for a k-fold CSV run;
 pretrain for method mlm).
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -28,11 +28,14 @@ import yaml
 from kit import batch
 from kit import runs
 from kit.models.backbones import ModelError
+from kit.config.paths import outputs_root
 from kit.config.run_config import ConfigError, RunConfig, field_types
 from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.data.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
+from kit.train.progress import epoch_number, reuse_line
+from kit.train.provenance import kit_commit
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
 OPTIONS = ("notebook",)            # options of this command, not RunConfig fields
@@ -105,19 +108,36 @@ def notebook_for(cfg: RunConfig, name: str | None) -> Path:
 
 def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunConfig]:
     """Validate, check the data, run one point; returns (status, detail, config)."""
-    params = {"outputs_dir": os.environ.get("SSA_KIT_OUTPUTS", "outputs"), **params}
-    params["outputs_dir"] = str(Path(params["outputs_dir"]).resolve())  # the kernel runs in REPO
+    params = {**params, "outputs_dir": str(outputs_root(params.get("outputs_dir", "outputs")))}
     cfg = RunConfig.from_dict(params)
     profile = Profile(name=cfg.profile or "run", path=Path("command line"),
                       notebook=notebook_for(cfg, notebook), points=[params],
                       skip_missing_tasks=False)
-    if finished_metrics(cfg) is not None:      # before the data check: a rerun returns at once
+    if finished_metrics(cfg) is not None and not cfg.rerun:   # before the data check: at once
         return "skipped", "finished earlier", cfg
     batch.preflight(profile, [params])
     batch.prepare_kernels()
     with batch.forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
-        status, detail = batch.execute(profile, params)
+        status, detail = (rerun(profile, params, cfg) if cfg.rerun
+                          else batch.execute(profile, params))
     return status, detail, cfg
+
+
+def rerun(profile: Profile, params: dict, cfg: RunConfig) -> tuple[str, str]:
+    """Train a finished point again through its notebook, replacing it only if it ends ok. Its
+    files are set aside here (kit.runs.begin) and the notebook trains an unfinished point
+    (rerun=False), so the batch records a failure as usual; then they are dropped (ok) or put
+    back (failed). A stopped rerun keeps them aside: run again, it resumes as a rerun."""
+    with runs.lock(cfg) as got:
+        if not got:
+            return "skipped", "running in another process"
+        runs.begin(cfg)
+    status, detail = batch.execute(profile, {**params, "rerun": False})
+    if status in ("ok", "failed"):
+        with runs.lock(cfg) as got:
+            if got:              # (else another process trains it now: its frame settles it)
+                runs.end_rerun(cfg, ok=status == "ok")
+    return status, detail + ("; the finished run is kept" if status == "failed" else "")
 
 
 def summary(status: str, detail: str, cfg: RunConfig) -> str:
@@ -125,10 +145,13 @@ def summary(status: str, detail: str, cfg: RunConfig) -> str:
     run_dir = run_dir_of(cfg)
     lines = [f"{cfg.run_id}: {status}" + (f" ({detail})" if detail else ""), f"  {run_dir}"]
     metrics = runs.read_metrics(run_dir)
-    if status in ("ok", "skipped") and metrics is not None:
+    if status in ("ok", "skipped") and metrics is not None and metrics.get("status") == "ok":
         best = {k: round(v, 4) for k, v in (metrics.get("best_dev") or {}).items()
                 if isinstance(v, (int, float))}
-        lines.append(f"  best epoch {metrics.get('best_epoch')}: {best}")
+        lines.append(f"  best epoch {epoch_number(metrics['best_epoch'])}/"
+                     f"{len(metrics.get('epochs') or [])}: {best}")
+        if status == "skipped":
+            lines.append(f"  {reuse_line(metrics, kit_commit(), 'rerun=true')}")
     return "\n".join(lines)
 
 

@@ -15,23 +15,25 @@
     notebook.ipynb     written by kit.batch
 
 Every reader and writer of a run folder is here (torch is not imported at module level: tables
-and figures run without it), and only the main process writes (several
-processes of one data-parallel run share the folder). A finished run (metrics.json status ok) is never rerun or
-overwritten; a lock keeps two processes from training one config at once.
+and figures run without it); only the main process of a data-parallel run writes. A finished
+run (metrics.json status ok) is reused, unless rerun replaces it with a run that ends ok; a lock
+keeps two processes from training one config at once.
 """
 from __future__ import annotations
 
 import csv
 import io
-import json
+import shutil
 import traceback
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit.config.paths import outputs_root
 from kit.config.run_config import RunConfig
 
 
@@ -40,9 +42,8 @@ class RunLocked(RuntimeError):
 
 
 class RunPreempted(Exception):
-    """A run stopped on a signal after writing a checkpoint (kit.train.preemption); `where` is
-    what metrics.json records of it (signal, epoch, step, checkpoint ...). Rerunning the config
-    resumes it."""
+    """A run stopped on a signal after writing a checkpoint (kit.train.preemption); `where`: what
+    metrics.json records of it (signal, epoch, step, checkpoint ...). Rerunning resumes it."""
 
     def __init__(self, where: dict):
         super().__init__(f"stopped by {where.get('signal')} at epoch {where.get('epoch')}, "
@@ -65,15 +66,7 @@ def finished_metrics(cfg: RunConfig) -> dict | None:
 
 # ---------------------------------------------------------------- reading a run folder
 
-def read_json(path: Path) -> dict:
-    """A JSON object from disk, or a one-line ValueError naming the file."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: corrupt JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+read_json = kio.read_json     # a JSON object from disk, or a one-line ValueError naming the file
 
 
 def config_path(run_dir: str | Path) -> Path:
@@ -112,25 +105,23 @@ def read_history(run_dir: str | Path) -> pd.DataFrame | None:
 
 
 def runs_root(outputs_dir: str | Path) -> Path:
-    """outputs/runs: one folder per run id."""
-    return Path(outputs_dir) / "runs"
+    """outputs/runs: one folder per run id (where "outputs" is: kit.config.paths.outputs_root)."""
+    return outputs_root(outputs_dir) / "runs"
 
 
 def run_folders(root: str | Path) -> list[Path]:
-    """The run folders under a runs root: its non-hidden sub-folders (.locks and the like are
-    not runs), sorted."""
+    """The run folders under a runs root, sorted: its sub-folders but hidden ones (.locks ...)."""
     return sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def run_started(run_dir: str | Path) -> bool:
-    """Whether a run has used this folder: it wrote config.json (started) or metrics.json (ended,
-    or its kernel died and kit.batch recorded the failure)."""
+    """Whether a run has used this folder: config.json (started) or metrics.json (ended, or its
+    kernel died and kit.batch recorded it)."""
     return config_path(run_dir).exists() or metrics_path(run_dir).exists()
 
 
 def dev_predictions_path(run_dir: str | Path, epoch: int | None = None) -> Path:
-    """predictions/dev.tsv (the best epoch's), or dev_epoch<N>.tsv of epoch N (runs that keep
-    every epoch's dev predictions)."""
+    """predictions/dev.tsv (the best epoch's), or dev_epoch<N>.tsv (save_epoch_predictions)."""
     name = "dev.tsv" if epoch is None else f"dev_epoch{epoch}.tsv"
     return predictions_dir(Path(run_dir)) / name
 
@@ -145,8 +136,7 @@ def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.Da
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
-    """checkpoint/: best (kit.models.model_io's layout) and last (accelerate's state,
-    kit.train.run_state)."""
+    """checkpoint/: best (kit.models.model_io's layout), last (kit.train.run_state's state)."""
     return Path(run_dir) / "checkpoint"
 
 
@@ -158,8 +148,7 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
-    """Where kit.methods.ssa saves (and reuse_labels_from reads) one SSA epoch's set and
-    statistics: ssa_labels/epoch<N>.npz."""
+    """ssa_labels/epoch<N>.npz: one SSA epoch's set and statistics (reuse_labels_from reads it)."""
     return saved_labels_dir(run_dir) / f"epoch{epoch}.npz"
 
 
@@ -190,10 +179,9 @@ def read_saved_epoch(run_dir: str | Path, epoch: int) -> dict | None:
 
 
 def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
-    """The run's saved SSA epochs in epoch order, each {"epoch_set": the epoch's training set
-    (kit.data.pipeline.Examples' fields: input_ids, ssa_labels, importance ... per row), "stats":
-    its LabelStats as a dict}; nothing when it saved none. Refuses (kio.UnsafeFileError) a
-    folder holding .pt labels of an earlier kit version: they are pickles, which run code."""
+    """The run's saved SSA epochs in epoch order, each as `read_saved_epoch` gives it; nothing
+    when it saved none. Refuses (kio.UnsafeFileError) a folder holding .pt labels of an earlier
+    kit version: they are pickles, which run code."""
     folder = saved_labels_dir(run_dir)
     _refuse_pickled_labels(sorted(folder.glob("epoch*.pt")))
     epochs = sorted(int(path.stem.removeprefix("epoch")) for path in folder.glob("epoch*.npz")
@@ -238,16 +226,15 @@ def record_failed(cfg: RunConfig, error: str, tb: str | None = None,
         **({"traceback": tb[-4000:]} if tb else {}), "environment": environment})
 
 
-def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict]) -> dict:
-    """The frame of every run: a config that already finished ok is not rerun (its results are
-    never overwritten); one process trains a run at a time (RunLocked otherwise); config.json
-    first, then metrics.json with status ok, or failed and the error. `body(cfg, run_dir)`
-    trains and returns the metrics; a run killed earlier resumes inside it.
-
-    Data-parallel (torchrun / accelerate launch): the main process alone takes the lock, checks
-    for a finished run and writes; it tells the other ranks whether to train, and they wait.
-    `state`: accelerate's process state on the run's device (kit.train.accel.process_state);
-    `environment(processes)`: the record's provenance (kit.train.provenance.environment)."""
+def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict],
+                 reused: Callable[[dict], None] = lambda metrics: None) -> dict:
+    """The frame of every run: a finished config is reused (`reused(its metrics)`) unless
+    cfg.rerun, whose run replaces it only by ending ok (`begin`, `end_rerun`); one process trains
+    a run at a time (RunLocked otherwise); config.json first, then metrics.json ok, or failed and
+    the error. `body(cfg, run_dir)` trains, returns the metrics; a killed run (a rerun too)
+    resumes inside it. Data-parallel: the main process alone locks, checks and writes; the other
+    ranks hear whether to train. `state`: kit.train.accel.process_state(); `environment(n)`:
+    the record's provenance (kit.train.provenance.environment)."""
     if not state.is_main_process:
         verdict, payload = _broadcast(state, None)
         if verdict == "done":
@@ -256,19 +243,21 @@ def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict]
             raise RunLocked(payload)
         return {**base_record(cfg), "status": "ok", "error": None, **body(cfg, run_dir_of(cfg))}
     done = finished_metrics(cfg)
-    if done is not None:
+    if done is not None and not cfg.rerun:
+        reused(done)
         return _broadcast(state, ("done", done))[1]
     run_dir = make_run_dir(cfg)
-    with kio.FileLock(run_dir / ".lock") as locked:
+    with lock(cfg) as locked:
         if not locked:
             message = f"{run_dir} is being trained by another process"
             _broadcast(state, ("locked", message))
             raise RunLocked(message)
-        done = finished_metrics(cfg)       # it may have finished while we waited for the lock
+        done = begin(cfg)                  # it may have finished while we waited for the lock
         if done is not None:
+            reused(done)
             return _broadcast(state, ("done", done))[1]
         _broadcast(state, ("go", None))
-        kio.write_json(run_dir / "config.json", cfg.to_dict())
+        kio.write_json(run_dir / "config.json", {**cfg.to_dict(), "rerun": False})  # what ran
         try:
             result = body(cfg, run_dir)
         except RunPreempted as stopped:    # not a failure: the next invocation resumes it
@@ -279,11 +268,41 @@ def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict]
         except BaseException as err:   # KeyboardInterrupt too: a stopped run must say so
             record_failed(cfg, f"{type(err).__name__}: {err}".splitlines()[0],
                           traceback.format_exc(), environment(state.num_processes))
+            if cfg.rerun:              # (kit.run trains a rerun as rerun=False, ends it itself)
+                end_rerun(cfg, ok=False)
             raise
         metrics = {**base_record(cfg), "status": "ok", "error": None, **result,
+                   "finished_at": datetime.now().astimezone().isoformat(timespec="seconds"),
                    "environment": environment(state.num_processes)}
         kio.write_json(run_dir / "metrics.json", metrics)
+        end_rerun(cfg, ok=True)
         return metrics
+
+
+def lock(cfg: RunConfig) -> kio.FileLock:
+    """The run's lock: one process trains a run, or moves its files, at a time."""
+    return kio.FileLock(run_dir_of(cfg) / ".lock")
+
+
+def begin(cfg: RunConfig) -> dict | None:
+    """Under the lock, once what a process killed while moving a rerun's files left is settled:
+    the finished run's metrics to reuse, else None; cfg.rerun sets its files aside (hidden)."""
+    kio.settle(run_dir_of(cfg), _previous(cfg))
+    if (done := finished_metrics(cfg)) is not None:
+        end_rerun(cfg, ok=True)            # a run set aside whose rerun had finished
+        if cfg.rerun:
+            kio.set_aside(run_dir_of(cfg), _previous(cfg))
+    return None if cfg.rerun else done
+
+
+def end_rerun(cfg: RunConfig, ok: bool) -> None:
+    """Under the lock, as a rerun ends: ok drops the run set aside, failed puts it back."""
+    if (previous := _previous(cfg)).exists():
+        shutil.rmtree(previous) if ok else kio.put_back(run_dir_of(cfg), previous)
+
+
+def _previous(cfg: RunConfig) -> Path:
+    return runs_root(cfg.outputs_dir) / f".{cfg.run_id}.previous"
 
 
 def _broadcast(state, verdict):

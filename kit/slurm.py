@@ -1,20 +1,20 @@
-"""A profile as a SLURM job array: one sbatch script whose task i of N runs `--shard i/N`.
+"""A profile on a SLURM cluster: a job array whose task i of N runs shard i/N of the grid, or one
+job of several nodes that runs every point on all of them.
 
-    ./run_all.sh slurm PROFILE [--array N] [--time T] [--partition P] [--gpus-per-task G]
-        [--cpus-per-task C] [--processes N] [--signal-grace S] [--sbatch 'LINE' ...]
-        [--outputs DIR] [--dry-run]
+    ./run_all.sh slurm PROFILE [--array N] [--max-parallel K] [--nodes N] [--time T]
+        [--partition P] [--gpus-per-task G] [--cpus-per-task C] [--processes N]
+        [--signal-grace S] [--max-requeues R] [--sbatch 'LINE' ...] [--outputs DIR] [--dry-run]
 
-The script is written to OUTPUTS/slurm/<profile>.sbatch and submitted with sbatch (--dry-run
-prints it and submits nothing). Every task runs its slice of the grid (`./run_all.sh PROFILE
---shard i/N`: points i, i+N, i+2N ...) into the one outputs folder the tasks share. SLURM sends
-SIGUSR1 to a task's shell GRACE seconds before its time limit; the shell passes it to the batch,
-whose running point finishes its step, checkpoints mid-epoch and exits 75; the shell then
-requeues its own task, which resumes that point where it stopped. docs/cluster.md says more.
+The grid is frozen at submission (kit.config.grids: OUTPUTS/slurm/grid-<hash>/<profile>.yaml,
+which the tasks read instead of the live YAML; a shard takes whole chains of points), the job
+script written to OUTPUTS/slurm/<profile>.sbatch and sbatch'ed (--dry-run prints it and submits
+nothing; the frozen grid it names is written). SLURM sends SIGUSR1 to a task's shell GRACE s
+before its time limit; the shell passes it to the batch, whose running point checkpoints and
+exits 75; the shell requeues its task (at most R times), which resumes it. docs/cluster.md.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import shutil
@@ -24,18 +24,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit import io as kio
+from kit.config.grids import chains, frozen
+from kit.config.paths import outputs_root
 from kit.config.profiles import REPO, load_profile, profile_path
-from kit.config.run_config import ConfigError
+from kit.config.run_config import ConfigError, RunConfig
+from kit.runs import read_metrics, run_dir_of
 
 DEFAULT_TASKS_CAP = 100     # a default array this size stays under most clusters' job limits
 DEFAULT_GRACE_S = 120       # a checkpoint of a large model on a busy filesystem, with margin
+DEFAULT_REQUEUES = 3        # as submitit's max_num_timeout: a task stopped more often is stuck
+EARLY_S = 60                # SLURM sends --signal up to this much earlier than asked
 PREEMPTED_EXIT = 75         # kit.batch's "stopped on a signal, requeue me" (EX_TEMPFAIL)
 
 
+# ---------------------------------------------------------------- the grid
+
+def unfinished(points: list[dict]) -> int:
+    """How many points have no final record (ok or failed) and their task's files (an absent
+    point gets none): of the whole grid, when a shard asks whether it is the last."""
+    from kit.train.preflight import missing_task_files     # data readers: the batch's side only
+    left = 0
+    for point in points:
+        cfg = RunConfig.from_dict(point)
+        try:
+            final = (read_metrics(run_dir_of(cfg)) or {}).get("status") in ("ok", "failed")
+            left += not final and missing_task_files(cfg) is None
+        except (OSError, ValueError):        # an unreadable record, a glue_dir gone
+            left += 1
+    return left
+
+
+# ---------------------------------------------------------------- the script
+
 @dataclass
 class Array:
-    """What the script asks SLURM for and what each task runs."""
-    profile: str            # a name in params/ or an absolute YAML path
+    """What the script asks SLURM for and what each task runs (nodes > 1: one job, no array)."""
+    profile: str            # the frozen grid's path (any profile name or YAML path runs)
     name: str               # the profile's name: the job name and the file names
     tasks: int
     outputs: Path           # absolute: the tasks start in the project, wherever sbatch ran
@@ -47,6 +71,9 @@ class Array:
     grace_s: int = DEFAULT_GRACE_S
     extra: list[str] = field(default_factory=list)
     project: Path = REPO
+    max_parallel: int | None = None
+    nodes: int = 1
+    max_requeues: int = DEFAULT_REQUEUES
 
     @property
     def script_path(self) -> Path:
@@ -54,17 +81,18 @@ class Array:
 
     @property
     def log_pattern(self) -> Path:       # %A: the array's job id, %a: the task's index
-        return self.outputs / "slurm" / f"{self.name}-%A_%a.log"
+        return self.outputs / "slurm" / (f"{self.name}-%j.log" if self.nodes > 1
+                                         else f"{self.name}-%A_%a.log")
 
-
-# ---------------------------------------------------------------- the script
 
 def directives(array: Array) -> list[str]:
-    """The #SBATCH lines: the array, its log (appended to, so a requeued task's second part
-    follows its first), requeue allowed, SIGUSR1 to the shell GRACE s before the time limit."""
-    lines = [f"--job-name=ssa-kit-{array.name}", f"--array=0-{array.tasks - 1}",
-             f"--output={array.log_pattern}", "--open-mode=append", "--requeue",
-             f"--signal=B:USR1@{array.grace_s}"]
+    """The #SBATCH lines: the array (or nodes), its log (appended to: a requeued task's second
+    part follows its first), requeue allowed, SIGUSR1 to the shell GRACE s before the limit."""
+    throttle = f"%{array.max_parallel}" if array.max_parallel else ""
+    shape = ([f"--nodes={array.nodes}", "--ntasks-per-node=1"] if array.nodes > 1
+             else [f"--array=0-{array.tasks - 1}{throttle}"])
+    lines = [f"--job-name=ssa-kit-{array.name}", *shape, f"--output={array.log_pattern}",
+             "--open-mode=append", "--requeue", f"--signal=B:USR1@{array.grace_s}"]
     optional = {"time": array.time, "partition": array.partition,
                 "gpus-per-task": array.gpus_per_task, "cpus-per-task": array.cpus_per_task}
     lines += [f"--{key}={value}" for key, value in optional.items() if value is not None]
@@ -72,65 +100,94 @@ def directives(array: Array) -> list[str]:
 
 
 def batch_command(array: Array) -> str:
-    """What a task runs: its shard of the grid, into the shared outputs folder."""
-    words = ["./run_all.sh", shlex.quote(array.profile),
-             "--shard", f'"$SLURM_ARRAY_TASK_ID/{array.tasks}"',
-             "--outputs", shlex.quote(str(array.outputs))]
+    """What a task runs: its shard of the frozen grid (or, on several nodes, srun of every
+    node's share of each point), into the shared outputs folder."""
+    words = ["./run_all.sh", shlex.quote(array.profile)]
+    if array.nodes > 1:
+        words = ["srun", "--ntasks-per-node=1", *words, "--nodes", str(array.nodes),
+                 "--rdzv", '"$head:$port"']
+    else:
+        words += ["--shard", f'"$SLURM_ARRAY_TASK_ID/{array.tasks}"']
+    words += ["--outputs", shlex.quote(str(array.outputs))]
     if array.processes > 1:
         words += ["--processes", str(array.processes)]
-    return " ".join(words)
+    return " ".join(words + ["--signal-grace", str(array.grace_s)])
 
 
 HEAD = """\
 #!/bin/bash
-# ssa-kit: profile {name} as a SLURM job array of {tasks} task(s), written by `./run_all.sh slurm`
-# (kit/slurm.py). Task i runs grid points i, i+{tasks}, i+{twice} ... into {outputs}, which all
-# tasks share (a lock per run). SIGUSR1 comes {grace} s before the time limit: the running point
-# checkpoints and the task is requeued to resume it (docs/cluster.md).
+# ssa-kit: profile {name} {shape}
+# (written by `./run_all.sh slurm`, kit/slurm.py).
+# {what} into {outputs}, which all share (a lock per run).
+# SIGUSR1 comes {grace} s (SLURM: up to {early} s more) before the time limit: the running point
+# checkpoints and the job is requeued to resume it, at most {requeues} times (docs/cluster.md).
 """
-
-BODY = """\
-cd {project} || exit 1
+ARRAY = """\
 # this task by its array name: one task's own SLURM_JOB_ID is also the array's id, and
 # `scontrol requeue` of that id would requeue every task
 task="${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"
-echo "ssa-kit: task $task, shard $SLURM_ARRAY_TASK_ID/{tasks}," \\
+echo "ssa-kit: task $task, shard $SLURM_ARRAY_TASK_ID/{tasks}," \\"""
+NODES = """\
+task="$SLURM_JOB_ID"
+# torchrun's rendezvous: on the first node of the allocation, at a port of this job's own
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+port=$((20000 + SLURM_JOB_ID % 20000))
+echo "ssa-kit: job $task, {nodes} nodes ($SLURM_JOB_NODELIST), rendezvous $head:$port," \\"""
+BODY = """\
+cd {project} || exit 1
+{who}
   "start $((SLURM_RESTART_COUNT + 1)) on $(hostname) at $(date '+%F %T')"
 
-# the batch runs in the background so that this shell can take SLURM's signals and pass them
-# on; the traps come first, so no signal finds this shell without them
-batch="" warned=""
-trap 'warned=yes; kill -USR1 $batch 2>/dev/null' USR1
-trap 'kill -TERM $batch 2>/dev/null' TERM
+# {what_runs} in the background: a shell acts on a trapped signal only once its
+# foreground command ends, and an untrapped SIGUSR1 ends it (FAILED). The traps come first; a
+# signal that comes before the batch has started is passed on once it has
+batch="" warned="" early=""
+trap 'warned=yes early=USR1; [ -n "$batch" ] && kill -USR1 $batch 2>/dev/null' USR1
+trap 'early=${{early:-TERM}}; [ -n "$batch" ] && kill -TERM $batch 2>/dev/null' TERM
 # a background job ignores SIGINT: it is passed on as SIGTERM, which the batch treats alike
-trap 'kill -TERM $batch 2>/dev/null' INT
+trap 'early=${{early:-TERM}}; [ -n "$batch" ] && kill -TERM $batch 2>/dev/null' INT
 {command} &
 batch=$!
+[ -n "$early" ] && kill -$early $batch 2>/dev/null
 # a trapped signal ends `wait` early: wait again until the batch itself has exited
 while kill -0 $batch 2>/dev/null; do wait $batch; done
 wait $batch
 status=$?
 
-# {preempted}: the batch stopped on a signal and its point checkpointed. After SIGUSR1 (the time
-# limit's warning, or `scancel --signal=USR1 --batch`) this task is requeued and resumes that
-# point. Not after SIGTERM alone: that is scancel (a requeue would undo it) or a preemption
-# that SLURM requeues by itself.
+# {preempted}: the batch stopped on a signal, checkpointed, and got further than the last start
+# (else it exits 3). After SIGUSR1 (the time limit's warning, or scancel --signal=USR1 --batch)
+# the job requeues itself, up to {requeues} times. Not after SIGTERM alone: that is scancel (a
+# requeue would undo it) or a preemption that SLURM requeues by itself.
 if [ $status -eq {preempted} ] && [ -n "$warned" ]; then
-  echo "ssa-kit: task $task stopped on SIGUSR1 and checkpointed; requeueing it"
-  scontrol requeue "$task" || echo "ssa-kit: requeue refused; sbatch {script} again" \\
-    "(finished points are skipped, the stopped one resumes)"
+  if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {requeues} ]; then
+    echo "ssa-kit: {unit} $task stopped on SIGUSR1 after {requeues} requeue(s) (--max-requeues):" \\
+      "not requeued; sbatch {script} again to go on"
+  else
+    echo "ssa-kit: {unit} $task stopped on SIGUSR1 and checkpointed; requeueing it"
+    scontrol requeue "$task" || echo "ssa-kit: requeue refused; sbatch {script} again" \\
+      "(finished points are skipped, the stopped one resumes)"
+  fi
 fi
-echo "ssa-kit: task $task exits $status at $(date '+%F %T')"
+echo "ssa-kit: {unit} $task exits $status at $(date '+%F %T')"
 exit $status
 """
 
 
 def script(array: Array) -> str:
-    head = HEAD.format(name=array.name, tasks=array.tasks, twice=2 * array.tasks,
-                       outputs=array.outputs, grace=array.grace_s)
-    body = BODY.format(project=shlex.quote(str(array.project)), tasks=array.tasks,
+    nodes, n = array.nodes > 1, array.tasks
+    shape, what, runs = (
+        (f"as one job on {array.nodes} nodes", f"Every point of the grid frozen in {array.profile}"
+         f" runs on all of them\n# ({array.processes} process(es) each),", "srun runs the batches")
+        if nodes else (f"as a SLURM job array of {n} task(s)", f"Task i runs shard i/{n} of the "
+                       f"grid frozen in {array.profile}\n# (chains of points i, i+{n} ...)",
+                       "the batch runs"))
+    head = HEAD.format(name=array.name, shape=shape, what=what, outputs=array.outputs,
+                       grace=array.grace_s, early=EARLY_S, requeues=array.max_requeues)
+    body = BODY.format(project=shlex.quote(str(array.project)), what_runs=runs,
+                       who=(NODES if nodes else ARRAY).format(tasks=n, nodes=array.nodes),
                        command=batch_command(array), preempted=PREEMPTED_EXIT,
-                       script=shlex.quote(str(array.script_path)))
+                       requeues=array.max_requeues, script=shlex.quote(str(array.script_path)),
+                       unit="job" if nodes else "task")
     return head + "\n".join(directives(array)) + "\n\n" + body
 
 
@@ -166,25 +223,36 @@ def sbatch_line(text: str) -> str:
     return line
 
 
-def check(args: argparse.Namespace, points: int) -> None:
-    """One line for each option SLURM would reject or that would waste tasks."""
-    if not 1 <= args.array <= points:
-        raise ConfigError(f"--array {args.array}: the profile has {points} grid point(s), so "
-                          f"1 to {points} tasks (a task without a point would do nothing)")
+def check(args: argparse.Namespace, points: int, units: int) -> None:
+    """One line for each option SLURM would reject or that would waste tasks; `units`: the
+    grid's chains, which a task takes whole."""
+    if args.nodes > 1 and (args.array is not None or args.max_parallel is not None):
+        raise ConfigError(f"--nodes {args.nodes}: one job runs every point on all nodes; "
+                          "--array and --max-parallel are for one-node tasks")
+    args.array = args.array if args.array is not None else min(units, DEFAULT_TASKS_CAP)
+    chained = "" if units == points else f" in {units} chain(s) (a point that reads another's " \
+                                         "output runs in its task)"
+    if not 1 <= args.array <= units:
+        raise ConfigError(f"--array {args.array}: the profile has {points} grid point(s)"
+                          f"{chained}, so 1 to {units} tasks (a task without a point would "
+                          "do nothing)")
     if args.partition is not None and not NAME.fullmatch(args.partition):
         raise ConfigError(f"--partition {args.partition!r}: expected a partition name")
     if args.gpus_per_task is not None and not GPUS.fullmatch(args.gpus_per_task):
         raise ConfigError(f"--gpus-per-task {args.gpus_per_task!r}: expected a count, or "
                           "TYPE:COUNT such as a100:1")
-    for option in ("cpus_per_task", "processes", "signal_grace"):
+    for option in ("cpus_per_task", "processes", "signal_grace", "max_parallel", "nodes"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise ConfigError(f"--{option.replace('_', '-')} {value}: must be >= 1")
+    if args.max_requeues < 0:
+        raise ConfigError(f"--max-requeues {args.max_requeues}: must be >= 0")
     if args.signal_grace > 65535:              # SLURM's limit for --signal's time
         raise ConfigError(f"--signal-grace {args.signal_grace}: at most 65535 s")
-    if args.time is not None and args.signal_grace >= time_limit_s(args.time):
-        raise ConfigError(f"--signal-grace {args.signal_grace} s: not shorter than --time "
-                          f"{args.time}, so every task would be warned as it starts")
+    if args.time is not None and args.signal_grace + EARLY_S >= time_limit_s(args.time):
+        raise ConfigError(f"--signal-grace {args.signal_grace} s: SLURM may send the signal up "
+                          f"to {EARLY_S} s earlier, so --time {args.time} must be longer than "
+                          f"{args.signal_grace + EARLY_S} s (or a task is warned as it starts)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -195,20 +263,25 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="./run_all.sh slurm", description=__doc__.splitlines()[0])
     p.add_argument("profile", help="a name in params/ (smoke, glue-small ...) or a YAML path")
-    p.add_argument("--array", type=int, help="tasks in the array (default: one per grid point, "
-                   f"at most {DEFAULT_TASKS_CAP}); task i runs points i, i+N, i+2N ...")
+    p.add_argument("--array", type=int, help="tasks in the array (default: one per chain of "
+                   f"the grid, at most {DEFAULT_TASKS_CAP}); task i runs chains i, i+N ...")
+    p.add_argument("--max-parallel", type=int, metavar="K", help="at most K tasks at once")
+    p.add_argument("--nodes", type=int, default=1, help="N > 1: one job on N nodes, every "
+                   "point on all of them (kit.batch --nodes)")
     p.add_argument("--time", help="each task's time limit, HH:MM:SS (or SLURM's D-HH:MM:SS)")
     p.add_argument("--partition")
     p.add_argument("--gpus-per-task", help="a count, or TYPE:COUNT")
     p.add_argument("--cpus-per-task", type=int)
-    p.add_argument("--processes", type=int, default=1,
-                   help="each run data-parallel on N processes (kit.batch --processes)")
+    p.add_argument("--processes", type=int, default=1, help="each run data-parallel on N "
+                   "processes (kit.batch --processes)")
     p.add_argument("--signal-grace", type=int, default=DEFAULT_GRACE_S, metavar="S",
                    help="SIGUSR1 this many seconds before the time limit: the running point "
                         f"checkpoints and the task requeues (default {DEFAULT_GRACE_S})")
+    p.add_argument("--max-requeues", type=int, default=DEFAULT_REQUEUES, metavar="R",
+                   help=f"requeue a task at most R times (default {DEFAULT_REQUEUES})")
     p.add_argument("--sbatch", action="append", default=[], metavar="LINE",
                    help="an extra sbatch option, e.g. '--mem=16G' (repeatable)")
-    p.add_argument("--outputs", default=os.environ.get("SSA_KIT_OUTPUTS", "outputs"))
+    p.add_argument("--outputs", default=str(outputs_root()))
     p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     return p
 
@@ -221,23 +294,20 @@ def _joined(argv: list[str]) -> list[str]:
     return out
 
 
-def array_of(argv: list[str] | None) -> tuple[Array, bool]:
-    """The options checked (one-line ConfigError) into an Array, before anything is written."""
+def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
+    """The options checked (one-line ConfigError) into an Array, the frozen grid's text and
+    --dry-run, before anything is written."""
     args = parser().parse_args(_joined(sys.argv[1:] if argv is None else argv))
     outputs = Path(args.outputs).resolve()
     profile = load_profile(args.profile, str(outputs))
-    points = len(profile.points)
-    args.array = args.array if args.array is not None else min(points, DEFAULT_TASKS_CAP)
-    check(args, points)
-    path = profile_path(args.profile)
-    # a name in params/ stays a name; a YAML elsewhere is named by its absolute path, since
-    # the tasks start in the project folder
-    name_or_path = args.profile if path == REPO / "params" / f"{args.profile}.yaml" \
-        else str(path.resolve())
+    check(args, len(profile.points), len(chains(profile.points)))
+    text, digest = frozen(profile)
+    grid = outputs / "slurm" / f"grid-{digest}" / profile_path(args.profile).name
     extra = [sbatch_line(line) for line in args.sbatch]
-    return Array(name_or_path, profile.name, args.array, outputs, args.time, args.partition,
+    return Array(str(grid), profile.name, args.array, outputs, args.time, args.partition,
                  args.gpus_per_task, args.cpus_per_task, args.processes, args.signal_grace,
-                 extra), args.dry_run
+                 extra, max_parallel=args.max_parallel, nodes=args.nodes,
+                 max_requeues=args.max_requeues), text, args.dry_run
 
 
 # ---------------------------------------------------------------- submit
@@ -256,19 +326,26 @@ def submit(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        array, dry_run = array_of(argv)
+        array, grid, dry_run = array_of(argv)
         text = script(array)
+        # the frozen grid, named by its content: an edited profile submitted again gets a
+        # grid of its own, and tasks still queued keep theirs; its folder holds the logs
+        if not Path(array.profile).exists():
+            kio.write_text(array.profile, grid)
         if dry_run:
             print(text, end="")
+            print(f"dry run: nothing submitted; the script's frozen grid is {array.profile}",
+                  file=sys.stderr)
             return 0
-        kio.write_text(array.script_path, text)      # its folder holds the tasks' logs too
+        kio.write_text(array.script_path, text)
         job = submit(array.script_path)
     except (ConfigError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    logs = str(array.log_pattern).replace("%A", job).replace("%a", "*")
-    print(f"submitted job array {job}: {array.tasks} task(s) of profile {array.name}; "
-          f"logs {logs}; watch: squeue -j {job}", flush=True)
+    logs = str(array.log_pattern).replace("%A", job).replace("%j", job).replace("%a", "*")
+    print(f"submitted job {'' if array.nodes > 1 else 'array '}{job}: "
+          f"{f'{array.nodes} nodes' if array.nodes > 1 else f'{array.tasks} task(s)'} of "
+          f"profile {array.name}; logs {logs}; watch: squeue -j {job}", flush=True)
     return 0
 
 

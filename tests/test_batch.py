@@ -155,7 +155,7 @@ grid:
 def _without_timings(value):
     if isinstance(value, dict):
         return {k: _without_timings(v) for k, v in value.items()
-                if k not in ("wall_s", "train_examples_per_s", "peak_memory_mb")}
+                if k not in ("wall_s", "train_examples_per_s", "peak_memory_mb", "finished_at")}
     if isinstance(value, list):
         return [_without_timings(v) for v in value]
     return value
@@ -354,3 +354,216 @@ def test_warm_kernels_start_with_the_environment_they_are_given(tmp_path, run_no
     assert out.cells[-1].outputs[0]["text"] == "1 1\n"
     with pytest.raises(ValueError, match="warm kernels only"):
         Kernels(fresh=True, env={"OMP_NUM_THREADS": "1"})
+
+
+# ------------------------------------------------ a scheduler's signal at any moment of a batch
+
+TINY = {"task": "synthetic", "model": "tiny", "method": "bert", "synthetic_size": 200,
+        "epochs": 2, "lr": 5.0e-3, "batch_size": 16, "report_to": ["none"]}
+
+
+def tiny_profile(tmp_path, seeds=(0,)) -> Path:
+    return write_profile(tmp_path, yaml.safe_dump({"report": False, "grid": [
+        {**TINY, "seed": seed} for seed in seeds]}))
+
+
+@pytest.fixture
+def signal_in_cell(monkeypatch):
+    """`signal_in_cell(event, needle, delay)`: SIGUSR1 to this process (the batch's) when
+    papermill starts ("start") or has completed ("complete") the first cell whose source holds
+    `needle` (the injected parameters: "injected-parameters"), `delay` s later: the moments
+    between two cells (the kernel idle) and inside one."""
+    import os
+    import signal
+    import threading
+
+    from papermill.engines import NotebookExecutionManager
+    armed = {}
+
+    def hook(name):
+        original = getattr(NotebookExecutionManager, name)
+
+        def wrapped(self, cell, *args, **kwargs):
+            result = original(self, cell, *args, **kwargs)
+            needle = armed.get(name)
+            if needle and (needle in cell.source or needle in cell.metadata.get("tags", [])):
+                del armed[name]
+                threading.Timer(armed.pop("delay"), os.kill,
+                                (os.getpid(), signal.SIGUSR1)).start()
+            return result
+        monkeypatch.setattr(NotebookExecutionManager, name, wrapped)
+
+    hook("cell_start")
+    hook("cell_complete")
+    return lambda event, needle, delay=0.0: armed.update({f"cell_{event}": needle,
+                                                          "delay": delay})
+
+
+def record_of(path, outputs, i=0) -> dict:
+    cfg = RunConfig.from_dict(batch.load_profile(str(path), str(outputs)).points[i])
+    metrics = run_dir_of(cfg) / "metrics.json"
+    return json.loads(metrics.read_text()) if metrics.exists() else {}
+
+
+def test_a_signal_between_cells_reaches_the_run_and_its_record_names_it(
+        tmp_path, capsys, batch_kernel, signal_in_cell):
+    """SIGUSR1 to the batch right after the parameters cell, while the kernel is idle (a kernel
+    ignores a signal then): it reaches fit() in the next cell, whose run stops with a checkpoint
+    and records SIGUSR1 (the signal the batch got); the rerun resumes it to the end."""
+    profile, outputs = tiny_profile(tmp_path), tmp_path / "out"
+    signal_in_cell("complete", "injected-parameters")
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 75
+    assert "stopped by SIGUSR1: 1 run(s) preempted with a checkpoint" in capsys.readouterr().out
+    record = record_of(profile, outputs)
+    assert record["status"] == "preempted" and record["preempted"]["signal"] == "SIGUSR1"
+    assert record["preempted"]["checkpoint"] and record["preempted"]["step"] >= 1
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 0
+    assert record_of(profile, outputs)["status"] == "ok"
+
+
+def test_a_signal_after_fit_leaves_the_finished_run_and_its_notebook(
+        tmp_path, capsys, batch_kernel, signal_in_cell):
+    """SIGUSR1 while the cells after fit() run (its plot): the run has finished, so it stays ok
+    with its executed notebook, whole; the batch starts no next point and says so."""
+    profile, outputs = tiny_profile(tmp_path, seeds=(0, 1)), tmp_path / "out"
+    signal_in_cell("start", "plot_loss(run_dir_of", delay=0.05)
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 75
+    out = capsys.readouterr().out
+    assert "stopped by SIGUSR1: 0 run(s) preempted with a checkpoint, 1 not started; 1 ok" in out
+    assert record_of(profile, outputs, 0)["status"] == "ok" and not record_of(profile, outputs, 1)
+    cfg = RunConfig.from_dict(batch.load_profile(str(profile), str(outputs)).points[0])
+    cells = json.loads((run_dir_of(cfg) / "notebook.ipynb").read_text())["cells"]
+    assert not [o for c in cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+
+
+@pytest.mark.parametrize("moment", ["the kernel starts", "the point is handed over"])
+def test_a_signal_before_the_point_trains_stops_the_batch_with_nothing_lost(
+        tmp_path, capsys, monkeypatch, batch_kernel, warm_kernels, moment):
+    """SIGUSR1 while the point's kernel starts, or between the batch's look at the signals and
+    its handing the point over: the point does not train (it would run on into the hard limit)
+    and the batch, which did nothing this start, exits 3 (not 75: a requeue would do the same)
+    and keeps its kernel."""
+    import os
+    import signal
+    profile, outputs = tiny_profile(tmp_path), tmp_path / "out"
+
+    def signalled(original):
+        def call(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return original(*args, **kwargs)
+        return call
+
+    if moment == "the kernel starts":
+        monkeypatch.setattr(warm_kernels, "_warm", signalled(warm_kernels._warm))
+    else:
+        monkeypatch.setattr(batch, "make_run_dir", signalled(batch.make_run_dir))
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 3
+    out = capsys.readouterr().out
+    assert "stopped (not started)" in out
+    assert "stopped by SIGUSR1: no progress in this start: no point finished; a rerun would " \
+           "stop the same way; 0 ok, 0 failed (exit 3)" in out
+    assert record_of(profile, outputs) == {}
+    assert warm_kernels._manager is not None          # no cell was cut: the kernel stays
+
+
+def test_a_point_another_batch_holds_is_waited_for_then_one_line_and_exit_1(tmp_path, capsys):
+    """The batch lock of a point held (another batch runs it, or a lock a dead node left on a
+    filesystem without cluster-wide flock): the batch waits --lock-wait, then says so in one
+    line naming the lock and exits 1 (not 0 with the point counted as skipped)."""
+    from kit.io import FileLock
+    profile, outputs = tiny_profile(tmp_path), tmp_path / "out"
+    cfg = RunConfig.from_dict(batch.load_profile(str(profile), str(outputs)).points[0])
+    lock = run_dir_of(cfg) / ".batch.lock"
+    with FileLock(lock):
+        assert batch.run_profile(str(profile), outputs_dir=str(outputs), lock_wait_s=0.5) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "held (running in another batch): waited for at the end" in lines[1]
+    assert lines[-1] == (f"profile p: 1 point(s) held by another batch for 0s (--lock-wait), not "
+                         f"run here; rerun once it has ended (docs/cluster.md): {lock}")
+
+
+def test_only_the_shard_that_finishes_the_grid_builds_the_report(tmp_path, capsys, monkeypatch,
+                                                                 no_kernels):
+    """Shards of an array: the one that ends first leaves the report (its grid is not finished);
+    the last one builds it, once."""
+    from kit import io as kio, runs
+    profile, outputs = tiny_profile(tmp_path, seeds=(0, 1)), tmp_path / "out"
+    write_profile(tmp_path, profile.read_text().replace("report: false", "report: true"))
+
+    def finish(profile, point, *args):       # a point "trained": its ok record
+        cfg = RunConfig.from_dict(point)
+        kio.write_json(runs.metrics_path(runs.make_run_dir(cfg)), {"status": "ok"})
+        return "ok", ""
+
+    monkeypatch.setattr(batch, "execute", finish)
+    monkeypatch.setattr(batch.profile_outputs, "write", lambda *args, **kwargs: [])
+    monkeypatch.setattr(batch, "build_report", lambda *args: "report: BUILT")
+    assert batch.run_profile(str(profile), "0/2", outputs_dir=str(outputs)) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "report: left to the shard that finishes the grid (1 of 2 point(s) not finished)")
+    assert batch.run_profile(str(profile), "1/2", outputs_dir=str(outputs)) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "report: BUILT"
+
+
+# ------------------------------------------------ torchrun's grace follows --signal-grace
+
+def test_torchrun_gets_the_grace_and_the_signal_the_batch_got(tmp_path, monkeypatch):
+    """The command the batch builds for --processes N: torchrun's shutdown timeout is the grace
+    (its own is 30 s, whatever SLURM allows) and it passes SIGUSR1 on (it would die of it)."""
+    from kit import kernels
+    assert kernels.torchrun_knows("--shutdown-timeout")        # the pinned torch has both
+    seen = []
+    monkeypatch.setattr(batch, "run_torchrun", lambda cmd, env: seen.append(cmd) or (0, []))
+    point = batch.load_profile(str(tiny_profile(tmp_path)), str(tmp_path / "out")).points[0]
+    assert batch.execute(batch.load_profile("smoke"), point, processes=2, grace_s=300) == (
+        "ok", "")
+    cmd = seen[0]
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert "--shutdown-timeout=300" in cmd
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in cmd
+    assert cmd[-3:-1] == ["-m", "kit.train.finetune"]
+
+
+WORKER = """import os, pathlib, signal, sys, time
+out, rank = pathlib.Path(sys.argv[1]), os.environ["RANK"]
+def stop(signum, frame):           # a run's checkpoint on a signal: 4 s of writing
+    (out / f"signal{rank}").write_text(signal.Signals(signum).name)
+    time.sleep(4)
+    (out / f"written{rank}").write_text("")
+    sys.exit(75)
+signal.signal(signal.SIGUSR1, stop)
+signal.signal(signal.SIGTERM, stop)
+(out / f"ready{rank}").write_text("")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_torchrun_gives_its_workers_the_grace_not_its_own_30s(tmp_path):
+    """Two stand-in workers under the batch's torchrun command, grace 1 s: the batch's SIGUSR1
+    reaches both as SIGUSR1, and torchrun kills them 1 s later, in the middle of their 4 s
+    checkpoint. So the grace reaches torchrun (its default, 30 s, would let them finish);
+    with --signal-grace above a write's time, a write finishes (docs/cluster.md)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from kit import kernels
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    cmd = kernels.torchrun_command([str(worker), str(tmp_path)], 2, grace_s=1)
+    sent = []
+
+    def signal_once_ready():
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            time.sleep(0.05)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=signal_once_ready, daemon=True).start()
+    with kernels.forwarding_signals():
+        code, _ = kernels.run_torchrun(cmd, {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert code != 0 and sent
+    assert [(tmp_path / f"signal{r}").read_text() for r in (0, 1)] == ["SIGUSR1", "SIGUSR1"]
+    assert not list(tmp_path.glob("written*"))     # cut after 1 s, not 30

@@ -169,6 +169,7 @@ def test_label_quality_per_epoch(tmp_path):
     assert frame["distractor_share_label1"].tolist() == [0.1, 0.05, 0.3]
     assert frame["kept"].tolist() == [80, 80, 80]
     fig = figures.plot_label_quality(frame)
+    assert fig.axes[0].get_xticks().tolist() == [2, 3]     # the frame's epochs 1, 2, counted from 1
     lines = fig.axes[0].get_legend().get_texts()
     assert [t.get_text() for t in lines] == ["SSA-H: cue tokens (n=2)",
                                              "SSA-H: distractors (n=2)"]

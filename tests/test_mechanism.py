@@ -130,10 +130,10 @@ def test_label_records_count_the_saved_epochs(label_runs):
 def test_label_table(label_runs):
     table = mechanism.label_table(mechanism.label_records(label_runs, shortcut_id=SHORTCUT))
     assert table.values.tolist() == [                   # SSA-Co first: the registry's order
-        ["SSA-Co, epoch 1", "0.00", "0.33", "0.00", "0.50", "1.00", "0.25"],
-        ["SSA-H, epoch 1", "0.33 ± 0.47", "0.37 ± 0.05", "0.50 ± 0.71", "0.42 ± 0.12",
+        ["SSA-Co, epoch 2", "0.00", "0.33", "0.00", "0.50", "1.00", "0.25"],   # from 1
+        ["SSA-H, epoch 2", "0.33 ± 0.47", "0.37 ± 0.05", "0.50 ± 0.71", "0.42 ± 0.12",
          "0.75 ± 0.35", "0.38 ± 0.18"],
-        ["SSA-H, epoch 2", "0.67", "0.40", "1.00", "0.33", "0.50", "0.25"]]
+        ["SSA-H, epoch 3", "0.67", "0.40", "1.00", "0.33", "0.50", "0.25"]]
     assert list(table.columns) == ["SSA labels", "precision", "chance", "recall",
                                    "distractors labelled 1", "shortcut labelled 1", "flip rate"]
     assert "shortcut word 'zebra'" in table.attrs["caption"]

@@ -362,7 +362,7 @@ def test_a_checkpoint_across_the_fp16_scaler_is_refused_in_one_line(tmp_path, mo
                                                                    one_thread, wrote, resumes):
     """`auto` is one run id on every machine but resolves per machine (a T4 session's fp16, a
     CPU session's fp32): a checkpoint with scaler.pt cannot resume without a scaler, or the
-    reverse; the error says so instead of calling the checkpoint corrupt."""
+    reverse; the error names both precisions instead of calling the checkpoint corrupt."""
     cfg = RunConfig(**{**FP16, "mixed_precision": "auto", "epochs": 1}, outputs_dir=str(tmp_path))
     monkeypatch.setattr(accel, "machine_precision", lambda requested: wrote)
     fit(cfg)
@@ -372,8 +372,9 @@ def test_a_checkpoint_across_the_fp16_scaler_is_refused_in_one_line(tmp_path, mo
     monkeypatch.setattr(accel, "machine_precision", lambda requested: resumes)
     with pytest.raises(run_state.CheckpointError) as err:
         fit(cfg)
+    name = {"no": "fp32"}
     assert str(err.value) == (
-        f"{last} was written {'with' if wrote == 'fp16' else 'without'} fp16's loss scaler and "
-        f"this run's precision is {resumes} (mixed_precision auto resolves per machine): resume "
-        "it on a machine like the one that wrote it, or delete that folder to restart the run "
-        "from scratch")
+        f"{last} was written with {name.get(wrote, wrote)} on cpu x1; this run has "
+        f"{name.get(resumes, resumes)} on cpu x1 (mixed_precision auto resolves per machine): "
+        "resume it on hardware like that, set resume_on_other_hardware: true to resume anyway "
+        "(not bit-exact), or delete that folder to restart the run from scratch")

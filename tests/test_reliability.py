@@ -122,12 +122,18 @@ def test_two_batches_on_one_profile_at_once(tmp_path):
 
 
 def test_a_checkpoint_of_another_process_count_is_refused_with_the_count(tmp_path):
+    """A checkpoint from before the hardware record (progress.json without written_on): its
+    RNG files, one per process, give the count."""
     cfg = RunConfig(**{**KILLABLE, "synthetic_size": 100, "epochs": 1}, outputs_dir=str(tmp_path))
     fit(cfg)
     run = run_dir_of(cfg)
     (run / "metrics.json").unlink()
     last = run / "checkpoint" / "last"
     (last / "random_states_1.pkl").write_bytes((last / "random_states_0.pkl").read_bytes())
-    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\), this run has 1: "
-                                              r"resume it with --processes 2"):
+    state = json.loads((last / "progress.json").read_text())
+    del state["written_on"]
+    (last / "progress.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"written with fp32 on cpu x2; this run has fp32 on "
+                                              r"cpu x1: resume it on hardware like that "
+                                              r"\(--processes 2\)"):
         fit(cfg)

@@ -134,6 +134,7 @@ def test_the_page_says_what_the_run_folders_say(hand_made):
     # self-contained: images inline, no input cells, nothing fetched from anywhere
     assert text.count('src="data:image/png;base64,') == 2
     assert "collect.collect_runs(" not in text
+    assert 'id="kit-tokens"' not in text        # no run saved SSA labels: no token section
     assert page.remote_references(text) == [] and not ANY_REMOTE.search(text)
     assert not ANY_REMOTE.search((path.parent / link).read_text())
     index = (out / "reports" / "index.html").read_text()

@@ -78,7 +78,7 @@ def test_one_point_runs_through_the_notebook_then_is_skipped(tmp_path, capsys):
     assert json.loads((run / "metrics.json").read_text())["status"] == "ok"
     assert (run / "notebook.ipynb").exists()
     first = capsys.readouterr().out
-    assert f"{cfg.run_id}: ok" in first and "best epoch 0" in first
+    assert f"{cfg.run_id}: ok" in first and "best epoch 1/1: {" in first    # counted from 1
     assert krun.main(argv) == 0
     assert f"{cfg.run_id}: skipped (finished earlier)" in capsys.readouterr().out
 
@@ -91,10 +91,17 @@ def test_missing_data_is_reported_before_any_kernel(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-# ---------------------------------------------------------------- the finetune notebook
+# ---------------------------------------------------------------- the training notebooks
 
 FINETUNE = krun.REPO / "notebooks" / "finetune.ipynb"
 SMOKE = {"model", "method", "lr", "synthetic_size"}   # the notebook's own defaults
+# each training notebook's parameters cell: the knobs a person changes first, and those whose
+# value is deliberately not RunConfig's default (a small offline run, the CSV fixtures)
+TRAINING = {"finetune": SMOKE,
+            "kaggle_csv": {"task", "model", "csv_path", "csv_text_columns", "csv_target",
+                           "csv_test_path", "n_folds", "epochs", "batch_size", "lr",
+                           "layer_decay"},
+            "pretrain": {"task", "model", "method", "max_train_examples", "epochs", "lr"}}
 
 
 def notebook_parameters(path) -> dict:
@@ -112,21 +119,87 @@ def notebook_parameters(path) -> dict:
     return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
 
 
-def test_finetune_parameters_cell_lists_every_field_with_its_default():
-    """So papermill warns about nothing the kit or a user passes, and the cell documents every
-    knob; only the smoke knobs differ from RunConfig's defaults."""
+def notebook_only_names(nb) -> set[str]:
+    """The names a notebook's `RunConfig.from_namespace(globals(), ignore=(...))` call leaves
+    out of the config: its own parameters, documented there."""
+    import ast
+    found = set()
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "from_namespace":
+                found |= {n for k in node.keywords if k.arg == "ignore"
+                          for n in ast.literal_eval(k.value)}
+    return found
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_training_notebooks_show_the_first_knobs_each_with_a_comment(name, caplog):
+    """A short cell (every other field keeps its default: `kit.run --help` lists them; papermill
+    and profiles inject any): each name is a RunConfig field or one the notebook's
+    from_namespace call ignores, with the field's default unless deliberately not; each line
+    says what it does; papermill reads every name (a "=" in a comment would make it warn that
+    it cannot parse the line)."""
     import nbformat
-    params = notebook_parameters(FINETUNE)
+    from papermill.translators import PythonTranslator
+    path = krun.REPO / "notebooks" / f"{name}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    params = notebook_parameters(path)
     fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    assert sorted(params) == sorted(fields)
+    assert set(params) <= set(fields) | notebook_only_names(nb)
+    assert 10 <= len(params) <= 25
     differ = {k for k, v in params.items()
-              if (tuple(v) if isinstance(v, list) else v) != fields[k]}
-    assert differ == SMOKE
-    nb = nbformat.read(FINETUNE, as_version=4)
+              if k in fields and (tuple(v) if isinstance(v, list) else v) != fields[k]}
+    assert differ == TRAINING[name]
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert cell.source.startswith("# parameters")       # kit.config.notebook_cells finds it
+    assignments = [line for line in cell.source.splitlines() if not line.startswith("#")]
+    assert all("  # " in line for line in assignments)
+    with caplog.at_level("WARNING", logger="papermill"):
+        assert [p.name for p in PythonTranslator.inspect(cell)] == list(params)
+    assert not caplog.records
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code)
     assert not any(line.lstrip().startswith(("def ", "class ")) for c in code
                    for line in c.source.splitlines())
+
+
+def test_the_config_is_the_parameters_cell_and_papermills_not_later_variables(capsys):
+    """IPython's input history (`In`) in a notebook's namespace: the latest `# parameters` cell,
+    then papermill's `# Parameters` cell; a later `epochs = 7` (or a loop's `fold`) is left
+    out, with one line naming it; a value that is no literal comes from the namespace."""
+    history = ["", '# parameters\ntask = "RTE"\nlr = 1e-3\nwarmup_ratio = 0.05 * 2',
+               "# Parameters\nlr = 0.01\n", "epochs = 7\nfor fold in range(3):\n    pass",
+               "config = RunConfig.from_namespace(globals())"]
+    namespace = {"In": history, "task": "RTE", "lr": 0.01, "warmup_ratio": 0.05 * 2,
+                 "epochs": 7, "fold": 2, "np": dataclasses}
+    cfg = RunConfig.from_namespace(namespace)
+    assert (cfg.task, cfg.lr, cfg.warmup_ratio, cfg.epochs, cfg.fold) == ("RTE", 0.01, 0.1, 3, 0)
+    assert capsys.readouterr().out == (
+        "note: epochs, fold set outside the parameters cell: not used (the config is the "
+        "parameters cell and papermill's parameters; change it there)\n")
+
+
+def test_a_warm_kernels_earlier_points_do_not_leak_into_the_next():
+    """kit.kernels' %reset clears the namespace but keeps the history: an earlier point's
+    injected cell comes before the current parameters cell, so it is not read."""
+    history = ["", '# parameters\ntask = "RTE"', "# Parameters\nseed = 5\nepochs = 1", "fit()",
+               "get_ipython().run_line_magic('reset', '-f')", '# parameters\ntask = "CoLA"',
+               "# Parameters\nepochs = 2", "fit()"]
+    cfg = RunConfig.from_namespace({"In": history, "task": "CoLA", "epochs": 2})
+    assert (cfg.task, cfg.seed, cfg.epochs) == ("CoLA", 0, 2)
+
+
+def test_a_name_in_the_cells_that_is_no_field_is_one_line():
+    history = ["", '# parameters\ntask = "RTE"\nshow_tokens = 5', "# Parameters\nepoch = 3"]
+    with pytest.raises(ConfigError, match=r"^unknown parameter 'epoch' \(did you mean 'epochs'\?\)$"):
+        RunConfig.from_namespace({"In": history}, ignore=("show_tokens",))
+    history[-1] = "# Parameters\nlearning_rate = 1e-4"
+    with pytest.raises(ConfigError, match="'learning_rate' \\(did you mean 'lr'\\?\\)"):
+        RunConfig.from_namespace({"In": history}, ignore=("show_tokens",))
+    history[-1] = "# Parameters\nlr = 1e-4"
+    assert RunConfig.from_namespace({"In": history}, ignore=("show_tokens",)).lr == 1e-4
+    with pytest.raises(ConfigError, match="unknown parameter 'show_tokens'"):
+        RunConfig.from_namespace({"In": history})
 
 
 def test_finetune_defaults_give_an_ssa_run_that_labels_tokens(tmp_path):

@@ -1,7 +1,10 @@
-"""SLURM job arrays (kit.slurm): the script `./run_all.sh slurm PROFILE` writes, its options and
-one-line errors, its signal forwarding and requeue (bash with a stand-in batch), and a real
-single-node SLURM (tests/slurm/start-cluster.sh) running the smoke grid as a 2-task array with
-one task preempted mid-epoch: requeued, resumed, and the union equal to an unsharded run."""
+"""SLURM (kit.slurm): the scripts `./run_all.sh slurm PROFILE` writes (a job array, or one job of
+several nodes), its options and one-line errors, the grid frozen at submission and cut into
+chains (kit.config.grids), the scripts' signal forwarding and requeue, capped (bash with a
+stand-in batch and srun), one set-up at a time in run_all.sh, and a real single-node SLURM
+(tests/slurm/start-cluster.sh) running the smoke grid as a 2-task array, its profile edited
+after submission, one task preempted mid-epoch: requeued, resumed, and the union equal to an
+unsharded run of the grid as submitted."""
 import os
 import re
 import shutil
@@ -15,7 +18,8 @@ import pytest
 import yaml
 
 from kit import batch, runs, slurm
-from kit.config.profiles import load_profile, shard
+from kit.config import grids
+from kit.config.profiles import load_profile
 from kit.config.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,47 +34,168 @@ def dry_run(*options: str, outputs: Path) -> subprocess.CompletedProcess:
 
 # ---------------------------------------------------------------- the script
 
-def test_dry_run_prints_the_array_script_and_writes_nothing(tmp_path):
+def frozen_grid(text: str) -> Path:
+    """The frozen grid a script's tasks run (its --shard or --nodes command names it)."""
+    return Path(re.search(r"\./run_all\.sh (\S+/grid-\w+/[\w.-]+\.yaml) ", text)[1])
+
+
+def test_dry_run_prints_the_array_script_and_writes_only_its_frozen_grid(tmp_path):
     done = dry_run("smoke", "--array", "3", "--time", "02:00:00", "--partition", "gpu",
                    "--gpus-per-task", "a100:1", "--cpus-per-task", "8", "--processes", "2",
-                   "--signal-grace", "300", "--sbatch", "--mem=16G",
-                   "--sbatch", "#SBATCH --qos=low", "--dry-run", outputs=tmp_path / "out")
+                   "--signal-grace", "300", "--max-parallel", "2", "--max-requeues", "5",
+                   "--sbatch", "--mem=16G", "--sbatch", "#SBATCH --qos=low", "--dry-run",
+                   outputs=tmp_path / "out")
     assert done.returncode == 0, done.stderr
     text, out = done.stdout, tmp_path / "out"
     directives = [line.removeprefix("#SBATCH ") for line in text.splitlines()
                   if line.startswith("#SBATCH ")]
     assert directives == [
-        "--job-name=ssa-kit-smoke", "--array=0-2", f"--output={out}/slurm/smoke-%A_%a.log",
+        "--job-name=ssa-kit-smoke", "--array=0-2%2", f"--output={out}/slurm/smoke-%A_%a.log",
         "--open-mode=append", "--requeue", "--signal=B:USR1@300", "--time=02:00:00",
         "--partition=gpu", "--gpus-per-task=a100:1", "--cpus-per-task=8", "--mem=16G",
         "--qos=low"]
     assert text.startswith("#!/bin/bash\n")
-    assert f'./run_all.sh smoke --shard "$SLURM_ARRAY_TASK_ID/3" --outputs {out} ' \
-           f"--processes 2 &" in text
+    grid = frozen_grid(text)
+    assert f'./run_all.sh {grid} --shard "$SLURM_ARRAY_TASK_ID/3" --outputs {out} ' \
+           f"--processes 2 --signal-grace 300 &" in text
     assert f"cd {REPO} " in text
-    assert "[ $status -eq 75 ]" in text
+    assert "[ $status -eq 75 ]" in text and '"${SLURM_RESTART_COUNT:-0}" -ge 5 ]' in text
     assert 'scontrol requeue "$task"' in text and 'task="${SLURM_ARRAY_JOB_ID}_' in text
-    assert not out.exists()                                     # a dry run writes nothing
+    # nothing submitted, nothing written but the grid the script names, in its log folder: the
+    # printed script can be submitted later as it is
+    assert [p.relative_to(out) for p in out.rglob("*") if p.is_file()] == [
+        Path("slurm") / grid.parent.name / "smoke.yaml"]
+    assert grid.parent.parent == out / "slurm"
+    frozen = load_profile(str(grid), str(out))
+    assert frozen.name == "smoke" and frozen.points == load_profile("smoke", str(out)).points
 
 
-def test_shard_i_of_n_is_array_task_i_and_the_shards_cover_the_grid_once():
-    """SLURM numbers a task 0..N-1 (--array=0-(N-1)); `--shard i/n` takes 0 <= i < n: task i
-    runs shard i, and the N shards hold every point exactly once."""
+def test_dry_run_of_a_job_on_two_nodes(tmp_path):
+    """--nodes 2: one job (no array) whose shell runs srun of the batch on every node in the
+    background, the nodes meeting on the first one at a port of the job's own; bash parses it."""
+    done = dry_run("smoke", "--nodes", "2", "--processes", "4", "--gpus-per-task", "4",
+                   "--time", "1-00:00:00", "--dry-run", outputs=tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    text, out = done.stdout, tmp_path / "out"
+    assert [line for line in text.splitlines() if line.startswith("#SBATCH ")] == [
+        "#SBATCH --job-name=ssa-kit-smoke", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --output={out}/slurm/smoke-%j.log", "#SBATCH --open-mode=append",
+        "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "#SBATCH --time=1-00:00:00",
+        "#SBATCH --gpus-per-task=4"]
+    assert text.splitlines()[1] == "# ssa-kit: profile smoke as one job on 2 nodes"
+    assert 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in text
+    assert (f'srun --ntasks-per-node=1 ./run_all.sh {frozen_grid(text)} --nodes 2 --rdzv '
+            f'"$head:$port" --outputs {out} --processes 4 --signal-grace 120 &') in text
+    assert 'scontrol requeue "$task"' in text and 'task="$SLURM_JOB_ID"' in text
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+# ---------------------------------------------------------------- the grid, frozen in chains
+
+def test_a_frozen_grid_is_the_profile_as_submitted(tmp_path):
+    """Shipped profiles frozen and read back: the same points, in the same order, under the same
+    name - task_overrides applied (demo, powered-cpu), a list value as one value (multitask's
+    `tasks`), `{outputs}` (tapt-cpu), a CSV task (kaggle-stsb), lists of grids (families, gamma).
+    (paper-grid's 3024 points would cost 10 s for nothing more.)"""
+    for name in ("demo", "powered-cpu", "multitask", "tapt-cpu", "kaggle-stsb", "families",
+                 "gamma", "smoke"):
+        path = REPO / "params" / f"{name}.yaml"
+        profile = load_profile(str(path), str(tmp_path))
+        text, digest = grids.frozen(profile)
+        frozen = tmp_path / digest / path.name
+        frozen.parent.mkdir()
+        frozen.write_text(text)
+        again = load_profile(str(frozen), str(tmp_path))
+        assert again.name == profile.name and again.points == profile.points, path.name
+
+
+def test_tasks_run_the_grid_as_submitted_not_the_profile_edited_since(tmp_path):
+    """The profile edited while the array waits in the queue (a point added in front, one
+    removed): every task's shard, read from the frozen grid, is what it was at submission."""
+    profile = tmp_path / "mine.yaml"
+    profile.write_text((REPO / "params" / "smoke.yaml").read_text())
+    out = tmp_path / "out"
+    done = dry_run(str(profile), "--array", "2", "--dry-run", outputs=out)
+    before = [grids.shard_points(load_profile(str(profile), str(out)).points, f"{i}/2")
+              for i in (0, 1)]
+    smoke = yaml.safe_load(profile.read_text())
+    smoke["grid"] = [{**smoke["grid"], "method": "ssa-h", "seed": 7},
+                     {**smoke["grid"], "method": ["bert", "ssa-co"]}]
+    profile.write_text(yaml.safe_dump(smoke))
+    grid = str(frozen_grid(done.stdout))
+    after = [grids.shard_points(load_profile(grid, str(out)).points, f"{i}/2") for i in (0, 1)]
+    assert after == before and [len(s) for s in before] == [2, 2]
+    live = [grids.shard_points(load_profile(str(profile), str(out)).points, f"{i}/2")
+            for i in (0, 1)]
+    assert live != before                    # what a task reading the live YAML would run
+
+
+def ids(points) -> list[str]:
+    return [RunConfig.from_dict(p).run_id for p in points]
+
+
+def test_a_point_that_reads_another_points_output_runs_after_it_in_its_task():
+    """tapt-smoke: fine-tuning reads the masked-LM point's adapted/ folder, so both are one
+    chain: the default array is one task, --shard 0/1 runs them in order. tapt-cpu: each
+    adapted model's fine-tuning points are in its pretraining's shard, after it, whatever n."""
+    smoke = load_profile("tapt-smoke").points
+    assert [len(c) for c in grids.chains(smoke)] == [2]
+    assert ids(grids.shard_points(smoke, "0/1")) == ids(smoke)
+    cpu = load_profile("tapt-cpu").points
+    chains = grids.chains(cpu)
+    pretrain = [p for p in cpu if p["method"] == "mlm"]
+    assert len(cpu) == 39 and len(chains) == 4 + 15 and len(pretrain) == 4
+    for n in (2, 3, 7, len(chains)):
+        shards = [ids(grids.shard_points(cpu, f"{i}/{n}")) for i in range(n)]
+        assert sorted(sum(shards, [])) == sorted(ids(cpu))          # each point once
+        for point in pretrain:
+            users = [p for p in cpu if p["model"] == point["adapted_dir"]]
+            mine = next(s for s in shards if ids([point])[0] in s)
+            assert len(users) == 5 and all(ids([u])[0] in mine for u in users)
+            assert all(mine.index(ids([u])[0]) > mine.index(ids([point])[0]) for u in users)
+
+
+def test_a_grid_without_such_points_is_sharded_as_before_and_a_run_folder_chains_too(tmp_path):
+    """No point reads another's output: shard i/n is points i, i+n ... A point whose
+    reuse_labels_from names another point's run folder joins that point's chain."""
     points = load_profile("smoke").points
     for n in (1, 2, 3, len(points)):
-        ids = [RunConfig.from_dict(p).run_id for i in range(n) for p in shard(points, f"{i}/{n}")]
-        assert sorted(ids) == sorted(RunConfig.from_dict(p).run_id for p in points)
+        assert [ids(grids.shard_points(points, f"{i}/{n}")) for i in range(n)] == [
+            ids(points[i::n]) for i in range(n)]
+    first = RunConfig.from_dict(points[0])
+    reuse = {**points[3], "reuse_labels_from": str(runs.run_dir_of(first))}
+    assert [len(c) for c in grids.chains([points[0], points[1], reuse])] == [2, 1]
 
 
-def test_the_default_array_is_one_task_per_point_and_a_yaml_path_stays_absolute(tmp_path):
+@pytest.mark.parametrize("where,before,finished,why", [
+    ({"step": 30, "checkpoint": "c"}, 14, 0, None),                   # it got further
+    ({"step": 14, "checkpoint": "c"}, 14, 0, "no progress in this start: no point finished; r1 "
+                                             "is at step 14, as the last start left it"),
+    ({"step": 14, "checkpoint": "c"}, 14, 1, None),                   # another point finished
+    ({}, None, 0, "no progress in this start: no point finished"),    # stopped before training
+    ({"step": 9, "checkpoint": None}, None, 2, "r1 was preempted at step 9 without a "
+                                                "checkpoint to resume from"),
+    ({"step": 0, "checkpoint": None}, None, 1, None),   # trained nothing, lost nothing
+])
+def test_a_stop_that_a_rerun_would_repeat_is_told_apart(where, before, finished, why):
+    got = grids.stuck("r1", where, before, finished)
+    assert got == why if why is None else got.startswith(why), got
+
+
+def test_the_default_array_is_one_task_per_chain(tmp_path):
     profile = tmp_path / "mine.yaml"
     profile.write_text((REPO / "params" / "smoke.yaml").read_text())
     done = subprocess.run([sys.executable, "-m", "kit.slurm", "mine.yaml", "--dry-run"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "#SBATCH --array=0-3\n" in done.stdout                # smoke: 4 points
-    assert f"./run_all.sh {profile} --shard" in done.stdout      # the task starts in the project
-    assert f"--outputs {tmp_path / 'outputs'} &" in done.stdout
+    grid = frozen_grid(done.stdout)
+    assert grid.parent.parent == tmp_path / "outputs" / "slurm" and grid.name == "mine.yaml"
+    assert f"--outputs {tmp_path / 'outputs'} " in done.stdout
+    tapt = dry_run("tapt-smoke", "--dry-run", outputs=tmp_path / "out")
+    assert "#SBATCH --array=0-0\n" in tapt.stdout              # 2 points, 1 chain
 
 
 @pytest.mark.parametrize("options,needle", [
@@ -78,7 +203,11 @@ def test_the_default_array_is_one_task_per_point_and_a_yaml_path_stays_absolute(
     (["--array", "9"], "--array 9"),
     (["--array", "two"], "argument --array: invalid int value: 'two'"),
     (["--time", "2h"], "--time '2h': expected HH:MM:SS"),
-    (["--time", "00:01:00"], "--signal-grace 120 s: not shorter than --time 00:01:00"),
+    (["--time", "00:03:00"], "--signal-grace 120 s: SLURM may send the signal up to 60 s "
+                             "earlier, so --time 00:03:00 must be longer than 180 s"),
+    (["--max-parallel", "0"], "--max-parallel 0: must be >= 1"),
+    (["--max-requeues", "-1"], "--max-requeues -1: must be >= 0"),
+    (["--nodes", "2", "--array", "2"], "--nodes 2: one job runs every point on all nodes"),
     (["--signal-grace", "0"], "--signal-grace 0: must be >= 1"),
     (["--gpus-per-task", "all"], "--gpus-per-task 'all'"),
     (["--partition", "a b"], "--partition 'a b'"),
@@ -97,6 +226,9 @@ def test_an_unknown_profile_is_one_line(tmp_path):
     done = dry_run("nope", outputs=tmp_path / "out")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "unknown profile 'nope'" in done.stderr
+    tapt = dry_run("tapt-smoke", "--array", "2", outputs=tmp_path / "out")
+    assert tapt.returncode == 2 and tapt.stderr.count("\n") == 1
+    assert "--array 2: the profile has 2 grid point(s) in 1 chain(s)" in tapt.stderr
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -117,35 +249,63 @@ def test_without_sbatch_the_script_is_written_and_the_error_is_one_line(tmp_path
     assert script.read_text().startswith("#!/bin/bash\n")
 
 
-# ------------------------------------------- the script's signals, with a stand-in batch
+# ------------------------------------------- the scripts' signals, with a stand-in batch
 
 STAND_IN = """#!/bin/bash
-# the batch's contract: exit 75 once a signal stopped it (its point checkpointed)
+# the batch's contract: exit 75 once a signal stopped it and its point checkpointed (3 if a
+# rerun would get no further: $EXIT)
 echo "$@" > args
 sleep 60 &
-trap 'kill $!; exit 75' USR1 TERM
+trap 'kill $!; exit ${EXIT:-75}' USR1 TERM
 touch started
 wait
 """
+# srun's part on one node: its task in the background, USR1 and TERM passed on, its status
+SRUN = """#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+"$@" &
+task=$!
+trap 'kill -USR1 $task' USR1
+trap 'kill -TERM $task' TERM
+while kill -0 $task 2>/dev/null; do wait $task; done
+wait $task
+"""
 
 
-@pytest.mark.parametrize("sent,requeued", [
-    (signal.SIGUSR1, True),     # the time limit's warning, or scancel --signal=USR1 --batch
-    (signal.SIGTERM, False),    # scancel: a requeue would undo it
-    (signal.SIGINT, False),     # passed on as SIGTERM (a background job ignores SIGINT)
+def executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["array", "nodes"])
+@pytest.mark.parametrize("sent,exit_code,restarts,requeued,says", [
+    # the time limit's warning, or scancel --signal=USR1 --batch
+    (signal.SIGUSR1, 75, 0, True, "stopped on SIGUSR1 and checkpointed; requeueing it"),
+    (signal.SIGTERM, 75, 0, False, ""),         # scancel: a requeue would undo it
+    (signal.SIGINT, 75, 0, False, ""),          # passed on as SIGTERM (a background job ignores it)
+    # requeued 3 times already (--max-requeues 3): stop, whatever the batch says
+    (signal.SIGUSR1, 75, 3, False, "stopped on SIGUSR1 after 3 requeue(s) (--max-requeues): "
+                                   "not requeued; sbatch"),
+    (signal.SIGUSR1, 3, 0, False, ""),           # the batch made no progress: no requeue
 ])
-def test_the_script_passes_signals_to_the_batch_and_requeues_after_sigusr1(tmp_path, sent,
-                                                                           requeued):
-    (tmp_path / "run_all.sh").write_text(STAND_IN)
-    (tmp_path / "run_all.sh").chmod(0o755)
+def test_the_script_passes_signals_on_and_requeues_after_sigusr1_at_most_r_times(
+        tmp_path, nodes, sent, exit_code, restarts, requeued, says):
+    """The job's shell (an array task's, or a job on several nodes whose shell runs srun) passes
+    the signal to the batch and requeues its own task only after SIGUSR1, when the batch exits 75
+    and the task was requeued fewer than --max-requeues times (SLURM_RESTART_COUNT)."""
+    executable(tmp_path / "run_all.sh", STAND_IN)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol\n')
-    (bin_dir / "scontrol").chmod(0o755)
-    array = slurm.Array("smoke", "smoke", 2, tmp_path / "out", project=tmp_path)
+    executable(bin_dir / "srun", SRUN)
+    executable(bin_dir / "scontrol", f'#!/bin/sh\nif [ "$1" = show ]; then echo node1; echo '
+                                     f'node2; else echo "$@" >> {tmp_path}/scontrol; fi\n')
+    array = slurm.Array("grid.yaml", "smoke", 2 if nodes == 1 else 1, tmp_path / "out",
+                        project=tmp_path, nodes=nodes)
     (tmp_path / "job.sh").write_text(slurm.script(array))
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_JOB_ID": "41",
-           "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "41"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "41",
+           "SLURM_RESTART_COUNT": str(restarts), "EXIT": str(exit_code),
+           **({"SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "1"} if nodes == 1
+              else {"SLURM_JOB_NODELIST": "node[1-2]"})}
     # as SLURM starts a batch shell: SIGINT not ignored (a pytest-xdist worker ignores it, and
     # a shell cannot trap a signal ignored when it started)
     job = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, env=env,
@@ -157,12 +317,37 @@ def test_the_script_passes_signals_to_the_batch_and_requeues_after_sigusr1(tmp_p
         time.sleep(0.05)
     job.send_signal(sent)
     out, _ = job.communicate(timeout=30)
-    assert job.returncode == 75, out
-    assert (tmp_path / "args").read_text().split() == [
-        "smoke", "--shard", "1/2", "--outputs", str(tmp_path / "out")]
+    assert job.returncode == exit_code, out
+    assert (tmp_path / "args").read_text().split() == (
+        ["grid.yaml", "--shard", "1/2"] if nodes == 1 else
+        ["grid.yaml", "--nodes", "2", "--rdzv", "node1:20041"]) + [
+        "--outputs", str(tmp_path / "out"), "--signal-grace", "120"]
     calls = (tmp_path / "scontrol").read_text() if (tmp_path / "scontrol").exists() else ""
-    assert calls == ("requeue 41_1\n" if requeued else "")          # this task, not the array
-    assert ("requeueing it" in out) == requeued
+    task = "41_1" if nodes == 1 else "41"                   # this task, not the whole array
+    assert calls == (f"requeue {task}\n" if requeued else "")
+    assert (says in out) and ("requeueing it" in out) == requeued, out
+    unit = "task" if nodes == 1 else "job"
+    assert f"ssa-kit: {unit} {task} exits {exit_code} at " in out.splitlines()[-1], out
+
+
+def test_concurrent_set_ups_of_one_project_take_turns(tmp_path):
+    """The tasks of an array start ./run_all.sh together on one shared .venv: its set-up runs
+    one at a time (a lock beside the venv), or two pip installs would write one venv at once.
+    A stand-in venv's python logs each set-up check (0.4 s); none may overlap another."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    executable(venv / "bin" / "python", f"""#!/bin/bash
+if [ "$1" = -c ]; then
+  echo "$(date +%s.%N) $(sleep 0.4; date +%s.%N)" >> {tmp_path}/checks
+fi
+""")
+    runs_ = [subprocess.Popen(["bash", str(REPO / "run_all.sh"), "doctor"],
+                              env={**os.environ, "VENV": str(venv)}) for _ in range(3)]
+    assert [p.wait(timeout=60) for p in runs_] == [0, 0, 0]
+    spans = sorted(tuple(map(float, line.split()))
+                   for line in (tmp_path / "checks").read_text().splitlines())
+    assert len(spans) == 6                         # two checks per set-up
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
 
 
 # ------------------------------------------------------------ a real single-node SLURM
@@ -212,12 +397,14 @@ def _read(path: Path) -> str:
 
 def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run(
         slurm_cluster, tmp_path, comparable, batch_kernel):
-    """The smoke grid (its 4 methods) as a 2-task array on the real scheduler. Task 1 runs
-    ssa-co, then bert (a longer run that checkpoints every 8 steps); once bert has written a
-    checkpoint inside its second epoch, the task gets SIGUSR1 (`scancel --signal=USR1 --batch`,
-    as SLURM's --signal sends it): the point checkpoints mid-epoch, the batch exits 75, the task
-    requeues itself, skips ssa-co and resumes bert. Every run id once, all ok, each run's
-    metrics those of the same grid run unsharded without SLURM."""
+    """The smoke grid (its 4 methods) as a 2-task array on the real scheduler (--max-parallel 2:
+    SLURM takes the throttle), its profile edited right after submission (points reordered, one
+    added): the tasks run the grid as submitted. Task 1 runs ssa-co, then bert (a longer run
+    that checkpoints every 8 steps); once bert has written a checkpoint inside its second epoch,
+    the task gets SIGUSR1 (`scancel --signal=USR1 --batch`, as SLURM's --signal sends it): the
+    point checkpoints mid-epoch, recording SIGUSR1, the batch exits 75, the task requeues itself
+    (start 2 reads the frozen grid too), skips ssa-co and resumes bert. Every run id of the
+    submitted grid once, all ok, each run's metrics those of that grid run without SLURM."""
     from kit.train.run_state import epoch_dir
 
     smoke = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
@@ -229,7 +416,10 @@ def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run
                       "batch_size": 16, "checkpoint_steps": 8}]
     smoke["report"] = False
     profile = tmp_path / "slurm-smoke.yaml"
+    submitted_copy = tmp_path / "as-submitted" / profile.name
     profile.write_text(yaml.safe_dump(smoke))
+    submitted_copy.parent.mkdir()
+    submitted_copy.write_text(profile.read_text())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}    # the same float sums in every process
     array_out, plain_out = tmp_path / "array", tmp_path / "plain"
     points = load_profile(str(profile), str(array_out)).points
@@ -237,10 +427,14 @@ def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run
     assert points[3]["method"] == "bert" and points[1]["method"] == "ssa-co"
 
     submitted = subprocess.run(
-        [sys.executable, "-m", "kit.slurm", str(profile), "--array", "2", "--outputs",
-         str(array_out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        [sys.executable, "-m", "kit.slurm", str(profile), "--array", "2", "--max-parallel", "2",
+         "--outputs", str(array_out)], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     job = re.search(r"submitted job array (\d+)", submitted.stdout)[1]
+    # edited while the tasks wait or run: read live, task 1 would run other points
+    profile.write_text(yaml.safe_dump({**smoke, "grid": [
+        {**grid, "method": "ssa-h", "seed": 1}, *reversed(smoke["grid"])]}))
     logs = [array_out / "slurm" / f"slurm-smoke-{job}_{i}.log" for i in (0, 1)]
     try:
         # a checkpoint inside epoch 2 (0-based 1) exists: bert is 2 steps into it, 36 to go
@@ -252,13 +446,14 @@ def test_a_preempted_array_task_is_requeued_resumes_and_the_union_equals_one_run
         subprocess.run(["scancel", job], capture_output=True)
     # the same grid unsharded, without SLURM, in this worker's warm kernel (one thread, as the
     # tasks' kernels: the same float sums)
-    assert batch.run_profile(str(profile), outputs_dir=str(plain_out)) == 0
+    assert batch.run_profile(str(submitted_copy), outputs_dir=str(plain_out)) == 0
 
     other, preempted = _read(logs[0]), _read(logs[1])
     for log in (preempted, other):                  # each task's last start ended well
         assert log.rstrip().splitlines()[-1].startswith(f"ssa-kit: task {job}_"), log
         assert " exits 0 at " in log.rstrip().splitlines()[-1], log
     assert "stopped by SIGUSR1: 1 run(s) preempted with a checkpoint" in preempted, preempted
+    assert "bert seed=0 model=tiny: preempted (stopped by SIGUSR1 at epoch 2" in preempted
     assert "Rerun the same command to resume (exit 75)" in preempted, preempted     # kit.batch
     assert "stopped on SIGUSR1 and checkpointed; requeueing it" in preempted, preempted
     second_start = preempted.partition(", start 2 on ")[2]     # SLURM ran it again

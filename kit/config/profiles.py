@@ -4,8 +4,8 @@
     notebook: finetune          notebooks/<name>.ipynb runs each point; `auto`: each point the
                                 notebook of its kind (`point_notebook`: pretrain, multitask ...)
     skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
-    figures: [label-quality]    figures the batch draws after its tables (label-quality, cost,
-                                gamma: kit.results.profile_outputs)
+    figures: [label-quality]    figures the batch draws after its tables (FIGURES:
+                                label-quality, cost, gamma; kit.results.profile_outputs)
     report: false               no HTML report after the batch (default true: kit.results.page
                                 writes outputs/reports/<profile>/index.html)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
@@ -30,12 +30,16 @@ from pathlib import Path
 import yaml
 
 from kit import methods
+from kit.config.paths import PROJECT, input_path, outputs_root
 from kit.config.run_config import ConfigError, RunConfig
 from kit.config.tasks import canonical_task_name
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = PROJECT                      # the project folder (kit.config.paths)
 PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
                 "figures", "report"}
+# the figure kinds a profile's `figures:` may name, listed once: kit.results.profile_outputs
+# draws each, kit.results.page shows each one's notebook (tests/test_views.py checks both)
+FIGURES = ("label-quality", "cost", "gamma")
 
 
 class YamlLoader(yaml.SafeLoader):
@@ -82,7 +86,8 @@ class Profile:
 
 
 def profile_path(name: str) -> Path:
-    path = Path(name)
+    """params/<name>.yaml, or a YAML file's path (relative: kit.config.paths.input_path)."""
+    path = input_path(name)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path
     path = REPO / "params" / f"{name}.yaml"
@@ -133,6 +138,9 @@ def _grids(path: Path, spec: dict) -> list[dict]:
     if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
         raise ConfigError(f"{path}: `task_overrides` must map a task to parameter: value, "
                           "e.g. {RTE: {lr: 2.0e-5}}")
+    if any("rerun" in part for part in [*grids, *overrides.values()]):   # batches skip finished
+        raise ConfigError(f"{path}: `rerun` is not a profile parameter (a batch skips finished "
+                          "points); train one again with ./run_all.sh run ... rerun=true")
     return grids
 
 
@@ -155,9 +163,9 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
         for values in itertools.product(*axes.values()):
             point = dict(zip(axes, values))
             point.update(_overrides_for(spec.get("task_overrides") or {}, point.get("task")))
-            point = {k: v.replace(OUTPUTS, str(Path(outputs_dir).resolve()))
+            point = {k: v.replace(OUTPUTS, str(outputs_root(outputs_dir)))
                      if isinstance(v, str) else v for k, v in point.items()}
-            point.update(profile=path.stem, outputs_dir=str(Path(outputs_dir).resolve()))
+            point.update(profile=path.stem, outputs_dir=str(outputs_root(outputs_dir)))
             try:
                 run_id = RunConfig.from_dict(point).run_id   # validate every point up front
             except (ConfigError, TypeError) as err:
@@ -171,6 +179,10 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
         raise ConfigError(f"{path}: notebook {notebook.name} not found in notebooks/")
     figures = spec.get("figures") or []
     figures = tuple(figures if isinstance(figures, list) else [figures])
+    for kind in figures:
+        if kind not in FIGURES:
+            raise ConfigError(f"{path}: unknown figure {kind!r} in `figures:`; choose from "
+                              f"{', '.join(FIGURES)}")
     report = spec.get("report", True)
     if not isinstance(report, bool):
         raise ConfigError(f"{path}: `report` must be true or false, got {report!r}")

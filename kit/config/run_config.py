@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kit.config import rules as config_rules
 from kit import methods
+from kit.config.notebook_cells import cell_parameters
 from kit.config.tasks import canonical_task_name
 
 RESULTS_VERSION = 4  # bump when a default or the training code changes what a config computes
@@ -137,11 +138,15 @@ class RunConfig:
                                        # profile writes "{outputs}/adapted/NAME" (kit.config.profiles)
     # outputs
     outputs_dir: str = "outputs"
-    save_checkpoints: bool = True
+    save_checkpoints: bool = True      # keep checkpoint/ after the run (every run writes it while
+                                       # it trains, so a preempted one resumes)
     # mid-epoch checkpoints (kit.train.run_state): every N minutes and / or every N optimizer
     # steps (0 = off); a signal (SIGTERM, SIGUSR1, SIGINT) also writes one before the run stops
     checkpoint_minutes: float = 10.0
     checkpoint_steps: int = 0
+    # resume a checkpoint written with another precision, device or number of processes (refused
+    # otherwise: not bit-exact); metrics.json notes it (resumed_on_other_hardware)
+    resume_on_other_hardware: bool = False
     predict_test: bool = False
     save_epoch_predictions: bool = False   # predictions/dev_epoch<N>.tsv every epoch (OOF per epoch)
     log_every: int = 10
@@ -149,11 +154,13 @@ class RunConfig:
     report_to: tuple[str, ...] = ("auto",)   # trackers: auto (TensorBoard if installed) | none |
                                              # tensorboard, wandb, mlflow, trackio
                                              # (kit.train.tracking)
+    rerun: bool = False                # train a finished run again (kept until the new one ends ok)
 
     # fields that do not change what is computed; they stay out of the run id
     _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "checkpoint_minutes",
-                     "checkpoint_steps", "save_labels", "profile",
-                     "log_every", "eval_batch_size", "save_epoch_predictions", "report_to")
+                     "checkpoint_steps", "resume_on_other_hardware", "save_labels", "profile",
+                     "log_every", "eval_batch_size", "save_epoch_predictions", "report_to",
+                     "rerun")
 
     def __post_init__(self):
         _check_types(self)
@@ -171,9 +178,15 @@ class RunConfig:
                       for k, v in params.items()})
 
     @classmethod
-    def from_namespace(cls, namespace: dict) -> "RunConfig":
-        """Pick the config fields out of a notebook's globals (parameters cell + papermill)."""
+    def from_namespace(cls, namespace: dict, ignore: tuple[str, ...] = ()) -> "RunConfig":
+        """A notebook's config (`globals()`): what its parameters cell and papermill's injected
+        cell assign, nothing a later cell sets (kit.config.notebook_cells; an unknown name there
+        is an error, except the notebook's own names in `ignore`). Without IPython's input
+        history (a script's globals): the namespace's values of the fields."""
         names = {f.name for f in dataclasses.fields(cls)}
+        params = cell_parameters(namespace, names)
+        if params is not None:
+            return cls.from_dict({k: v for k, v in params.items() if k not in ignore})
         for alias in PARAMETER_ALIASES.keys() & namespace.keys():   # papermill -p learning_rate
             raise ConfigError(unknown_parameter(alias, names))       # would be dropped silently
         return cls.from_dict({k: v for k, v in namespace.items() if k in names})

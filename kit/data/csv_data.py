@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kit import io as kio
+from kit.config.paths import input_path
 from kit.data import csv_reader, readers
 from kit.config.run_config import RunConfig
 from kit.data.folds import assign_folds
@@ -31,7 +32,12 @@ class CsvSource:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "CsvSource":
-        return cls(**{f.name: getattr(cfg, f"csv_{f.name}") for f in fields(cls)})
+        """The config's csv_* knobs; a relative csv_path / csv_test_path is the project's
+        (kit.config.paths.input_path: the same file from notebooks/ as from the project)."""
+        source = cls(**{f.name: getattr(cfg, f"csv_{f.name}") for f in fields(cls)})
+        return replace(source, **{name: str(input_path(value)) if value else value
+                                  for name, value in (("path", source.path),
+                                                      ("test_path", source.test_path))})
 
 
 def load_csv(csv: CsvSource, n_folds: int, fold: int, seed: int) -> TaskData:

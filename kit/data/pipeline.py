@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kit.config.paths import PROJECT, input_path
 from kit.data import hub, readers, synthetic, token_cache
 from kit.config.run_config import RunConfig
 from kit.data.csv_data import CsvSource, load_csv
@@ -23,18 +24,19 @@ IGNORE = -100  # label of positions that no loss looks at
 
 
 # The project's own copy of the real GLUE files (data/glue/SOURCES.md): a fresh clone runs offline.
-PROJECT_GLUE = Path(__file__).resolve().parents[2] / "data" / "glue"
+PROJECT_GLUE = PROJECT / "data" / "glue"
 
 
 def glue_source(glue_dir: str, task: str = "") -> str | Path:
     """Where a GLUE task's files are read from, first match wins: the `glue_dir` parameter >
     $GLUE_DIR > the project's data/glue when it holds `task` > the hub ("hub"). A folder that
-    is named but does not exist is an error, never a silent fall-through to the next source."""
+    is named but does not exist is an error, never a silent fall-through to the next source.
+    A relative folder is the project's (kit.config.paths.input_path), from notebooks/ too."""
     if glue_dir == "hub":
         return "hub"
     for origin, chosen in (("glue_dir", glue_dir), ("GLUE_DIR", os.environ.get("GLUE_DIR", ""))):
         if chosen:
-            path = Path(chosen).expanduser()
+            path = input_path(chosen)
             if not path.is_dir():
                 raise readers.DataError(f"{origin}={chosen}: no such folder; point it at the "
                                         "folder holding the <TASK>/ subfolders, or unset it to "

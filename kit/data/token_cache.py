@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from kit import io as kio
+from kit.config.paths import outputs_root
 from kit.config.tasks import Split
 
 Tokens = tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray]]   # ids, types, special
@@ -34,8 +35,9 @@ def tokenize(tokenizer, split: Split, max_length: int) -> Tokens:
 
 
 def token_cache_dir(outputs_dir: str | Path) -> Path:
-    """Where runs under `outputs_dir` keep tokenized splits (safe to delete at any time)."""
-    return Path(outputs_dir) / "cache" / "tokens"
+    """Where runs under `outputs_dir` keep tokenized splits (safe to delete at any time); the
+    outputs folder by kit.config.paths.outputs_root."""
+    return outputs_root(outputs_dir) / "cache" / "tokens"
 
 
 def token_cache_key(tokenizer, split: Split, max_length: int) -> str | None:

@@ -34,6 +34,7 @@ from typing import Callable
 
 import numpy as np
 
+from kit.config.paths import input_path
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import IGNORE, Examples, pad_rows, unpad
 from kit.methods.bert_mask import (Masking, budgeted, draw_masks, masked_copies, real_tokens,
@@ -64,9 +65,13 @@ class SSASettings:
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "SSASettings":
+        """The config's SSA knobs; a relative reuse_labels_from is the project's run folder
+        (kit.config.paths.input_path)."""
         masking = Masking(cfg.mask_scheme, cfg.mask_ratio, cfg.aug_threshold, cfg.rm_threshold)
-        return cls(masking=masking, **{f.name: getattr(cfg, f.name) for f in fields(cls)
-                                       if f.name != "masking"})
+        values = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "masking"}
+        if cfg.reuse_labels_from:
+            values["reuse_labels_from"] = str(input_path(cfg.reuse_labels_from))
+        return cls(masking=masking, **values)
 
 
 def changed(before: np.ndarray, after: np.ndarray, regression: bool, tol: float) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kit.config.paths import input_path
 from kit.data import hub
 
 EMBEDDED = "minilm"
@@ -52,10 +53,10 @@ def load_backbone(name: str, eager_attention: bool = False):
                             max_position_embeddings=512, attn_implementation=attn)
         return BertModel(config), tokenizer
     from kit.models import checkpoints
-    if checkpoints.is_classic_checkpoint(name):
-        model, tokenizer, _ = checkpoints.load_classic_checkpoint(name, attn_implementation=attn)
-        return model.train(), tokenizer
     source = model_path(name)
+    if checkpoints.is_classic_checkpoint(source):
+        model, tokenizer, _ = checkpoints.load_classic_checkpoint(source, attn_implementation=attn)
+        return model.train(), tokenizer
     # a hub id: ask whether the hub answers first (the GLUE reader's check); if not, only the
     # local cache is tried, so offline it fails in seconds, not after minutes of retries
     if looks_like_path(source) and not Path(source).exists():
@@ -73,7 +74,8 @@ def load_backbone(name: str, eager_attention: bool = False):
 def is_hub_id(name: str) -> bool:
     """A name only the hub (or its local cache) can resolve: not the embedded or tiny model, not
     a path, not an existing folder."""
-    return name not in (EMBEDDED, TINY) and not looks_like_path(name) and not Path(name).exists()
+    return (name not in (EMBEDDED, TINY) and not looks_like_path(name)
+            and not Path(model_path(name)).exists())
 
 
 def check_hub_model(name: str) -> None:
@@ -92,8 +94,13 @@ def check_hub_model(name: str) -> None:
 
 
 def model_path(name: str) -> str:
-    """What Hugging Face loads for a model name: the embedded model's folder, else the name."""
-    return str(embedded_model_dir()) if name == EMBEDDED else name
+    """What Hugging Face loads for a model name: the embedded model's folder; a local folder as
+    an absolute path (a relative one is the project's, from notebooks/ too:
+    kit.config.paths.input_path); else the name (a hub id)."""
+    if name == EMBEDDED:
+        return str(embedded_model_dir())
+    local = input_path(name) if name and name != TINY else None
+    return str(local) if local is not None and (local.exists() or looks_like_path(name)) else name
 
 
 def looks_like_path(name: str) -> bool:
@@ -110,7 +117,7 @@ def _first_line(err: Exception) -> str:
 
 def _load_hint(name: str, err: Exception, unreachable: str | None) -> str:
     """One line: which model, why it did not load, what to use instead."""
-    if Path(name).exists():
+    if Path(model_path(name)).exists():
         return f"model folder {name!r} has no loadable Hugging Face model ({_first_line(err)})"
     options = ("use a local Hugging Face folder, a classic bert_config.json folder or the "
                "embedded `minilm`")

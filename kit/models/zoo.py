@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
+from kit.config.paths import PROJECT
 from kit.data import readers
 from kit.models.backbones import embedded_model_dir
 from kit.config.tasks import get_task
 
-REPO = Path(__file__).resolve().parents[2]
-GLUE_TEXT = REPO / "data" / "glue"
+GLUE_TEXT = PROJECT / "data" / "glue"
 CORPUS_TASKS = ("SST-2", "CoLA", "RTE", "STS-B")   # a mix of short and long sentences
 CORPUS_ROWS = 500                                  # first rows of each task's train.tsv
 VOCAB_SIZE = 2000                                  # trained BPE / Unigram vocabularies

@@ -17,6 +17,8 @@ import pandas as pd
 
 from kit import io as kio
 from kit import methods
+from kit.config.paths import outputs_root
+from kit.train.progress import epoch_number        # frames count epochs from 0, axes from 1
 from kit.results.figure_data import (COST_METHODS, GAMMA_METHODS, LABEL_METHODS, cost_curves,
                                      gamma_baseline, gamma_points, label_quality, method_label,
                                      method_order, seeds_text, single)
@@ -48,8 +50,9 @@ def save_figure(fig, outputs_dir: str | os.PathLike = "outputs", name: str = "",
                 kind: str = "figure", profile: str | None = None, task: str | None = None
                 ) -> Path:
     """Write `fig` to `<outputs_dir>/figures/<name>.png` atomically (tmp file + rename);
-    without a `name`, `figure_name(kind, profile, task)`. Returns the path."""
-    path = Path(outputs_dir) / "figures" / f"{name or figure_name(kind, profile, task)}.png"
+    without a `name`, `figure_name(kind, profile, task)`. Returns the path (the outputs folder
+    by kit.config.paths.outputs_root: the project's, from notebooks/ too)."""
+    path = outputs_root(outputs_dir) / "figures" / f"{name or figure_name(kind, profile, task)}.png"
     with kio.atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=150, bbox_inches="tight")
     return path
@@ -160,11 +163,11 @@ def plot_label_quality(frame: pd.DataFrame, ax=None, title: str | None = None):
                                           ("distractor_share_label1", "--", "white",
                                            "distractors")):
             stats = rows.groupby("epoch")[column].agg(["mean", "std"]).reset_index()
-            ax.errorbar(stats["epoch"], stats["mean"], yerr=stats["std"].fillna(0),
+            ax.errorbar(epoch_number(stats["epoch"]), stats["mean"], yerr=stats["std"].fillna(0),
                         linestyle=style, marker=_marker(method, i), markerfacecolor=face,
                         capsize=3, color=_color(method, i),
                         label=f"{method_label(method)}: {what} (n={seeds})")
-    ax.set_xticks(sorted(frame["epoch"].unique()))
+    ax.set_xticks(sorted(epoch_number(frame["epoch"].unique())))
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("epoch (labels generated with the model after the previous epoch)")
     ax.set_ylabel("share of SSA label 1")
@@ -209,6 +212,9 @@ def plot_mechanism(scores: pd.DataFrame, labels: pd.DataFrame, title: str | None
     left.set_ylabel("dev accuracy (%)")
     left.set_title(f"dev accuracy, {seeds_text(scores)}")
     left.grid(alpha=0.3, axis="y")
+    if labels.empty:            # runs without saved labels (save_labels: false): say so
+        right.text(0.5, 0.5, "no saved SSA labels in these runs\n(save_labels: true saves them)",
+                   ha="center", va="center", transform=right.transAxes)
     for i, method in enumerate(method_order(labels["method"].unique())):
         rows = labels[labels["method"] == method]
         for column, style, what in (("label1_precision", "-", "precision"),
@@ -217,16 +223,18 @@ def plot_mechanism(scores: pd.DataFrame, labels: pd.DataFrame, title: str | None
             if column not in rows:
                 continue
             stats = rows.groupby("epoch")[column].agg(["mean", "std"]).reset_index()
-            right.errorbar(stats["epoch"], stats["mean"], yerr=stats["std"].fillna(0),
+            right.errorbar(epoch_number(stats["epoch"]), stats["mean"],
+                           yerr=stats["std"].fillna(0),
                            linestyle=style, marker=_marker(method, i), capsize=3,
                            color=_color(method, i), label=f"{method_label(method)}: {what}")
-    right.set_xticks(sorted(labels["epoch"].unique()))
+    right.set_xticks(sorted(epoch_number(labels["epoch"].unique())))
     right.set_ylim(-0.03, 1.03)
     right.set_xlabel("epoch (labels from the model after the previous epoch)")
     right.set_ylabel("share")
     right.set_title("label precision / recall against the importance mask")
     right.grid(alpha=0.3)
-    right.legend(fontsize=8)
+    if not labels.empty:
+        right.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -17,6 +17,7 @@ from kit.config.run_config import RunConfig
 from kit.train.metrics import compute_metrics
 from kit.results.tables import fold_runs, sorted_groups
 from kit.config.tasks import csv_task
+from kit.train.progress import epoch_number
 
 # Metric columns a fold table shows, in this order, when the runs have them (regression CSV
 # tasks: rmse, mse, pearson, spearman; classification: accuracy, f1, f1_macro).
@@ -26,7 +27,7 @@ _FOLD_KEYS = ("task", "model", "method", "seed")
 
 def fold_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     """Per task x model x method x seed (x the `by` columns): one row per fold run (its fold,
-    status, best-dev metrics, best epoch, run id), then a row "mean ± std" over the OK folds
+    status, best-dev metrics, best epoch counted from 1, run id), then a row "mean ± std" over the OK folds
     (sample std; "n=ok/k" says how many of the k folds finished). Regression CSV tasks show
     rmse, mse, pearson, spearman (rmse/mse in the target's units); classification ones accuracy
     and F1. Several OK runs for one fold of a group mean mixed configurations: pass the
@@ -44,13 +45,18 @@ def fold_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
         for _, run in group.sort_values("fold").iterrows():
             rows.append({**named, "fold": str(int(run["fold"])), "status": run["status"],
                          **{m: round(float(run[m]), 4) for m in metrics},
-                         "best_epoch": run["best_epoch"], "run_id": run["run_id"]})
+                         "best_epoch": _shown(run["best_epoch"]), "run_id": run["run_id"]})
         n_folds = int(pd.to_numeric(group["n_folds"]).max())
         rows.append({**named, "fold": f"mean ± std (n={len(ok)}/{n_folds})", "status": "",
                      **{m: f"{ok[m].mean():.4f} ± {ok[m].std():.4f}" if len(ok) > 1
                         else (f"{ok[m].mean():.4f}" if len(ok) else "") for m in metrics},
                      "best_epoch": "", "run_id": ""})
     return pd.DataFrame(rows, columns=[*keys, "fold", "status", *metrics, "best_epoch", "run_id"])
+
+
+def _shown(best_epoch) -> int | None:
+    """A run's best epoch as a reader counts it (from 1); None for a run without one."""
+    return None if pd.isna(best_epoch) else int(epoch_number(best_epoch))
 
 
 def fold_set_key(config: dict | RunConfig) -> str:

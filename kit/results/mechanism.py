@@ -15,6 +15,7 @@ from kit.models.backbones import load_tokenizer
 from kit.results.figure_data import method_dtype
 from kit.results.collect import finished
 from kit.data.synthetic import SPURIOUS
+from kit.train.progress import epoch_number
 
 VIEWS = ("last", "heldout")
 TESTS = {"welch": "Welch", "permutation": "perm."}
@@ -112,10 +113,12 @@ def epoch_quality(epoch_set: dict, stats: dict, shortcut_id: int) -> dict:
             "shortcut_share_label1": _share(labels[labelled & (ids == shortcut_id)] == 1)}
 
 
-def label_records(df: pd.DataFrame, shortcut_id: int | None = None) -> pd.DataFrame:
+def label_records(df: pd.DataFrame, shortcut_id: int | None = None,
+                  required: bool = True) -> pd.DataFrame:
     """Per finished SSA-labelled run and saved epoch (`save_labels: true`): method, seed and
     `epoch_quality`. `shortcut_id`: the shortcut word's token id, by default from the runs'
-    model (`shortcut_token_id`)."""
+    model (`shortcut_token_id`). No saved labels: a ValueError, or (`required=False`: the
+    notebook on runs of another profile) one printed line and an empty frame."""
     bench = finished(benchmark_runs(df), methods.names(epoch="ssa-labels"))
     if shortcut_id is None and len(bench):
         shortcut_id = shortcut_token_id(_one_setting(bench)[0])
@@ -123,8 +126,13 @@ def label_records(df: pd.DataFrame, shortcut_id: int | None = None) -> pd.DataFr
                 **epoch_quality(blob["epoch_set"], blob["stats"], shortcut_id)}
                for _, run in bench.iterrows() for blob in runs.read_saved_labels(run["run_dir"])]
     if not records:
-        raise ValueError("mechanism labels: no saved SSA labels; they exist for SSA-labelled "
-                         "runs (ssa-co, ssa-h) with save_labels: true, from ssa_start_epoch on")
+        why = ("mechanism labels: no saved SSA labels; they exist for SSA-labelled runs (ssa-co, "
+               "ssa-h) with save_labels: true, from ssa_start_epoch on")
+        if required:
+            raise ValueError(why)
+        print(f"{why} (the mechanism profile saves them): the label table and panel stay empty",
+              flush=True)
+        return pd.DataFrame(columns=["method", "seed", "epoch", *LABEL_COLUMNS])
     return pd.DataFrame(records)
 
 
@@ -135,7 +143,7 @@ def label_table(records: pd.DataFrame) -> pd.DataFrame:
         ["mean", "std"])
     out = pd.DataFrame({label: [tables.mean_std(m, s, 2) for m, s in stats[column].to_numpy()]
                         for column, label in LABEL_COLUMNS.items()})
-    out.insert(0, "SSA labels", [f"{tables.METHOD_LABELS.get(m, m)}, epoch {e}"
+    out.insert(0, "SSA labels", [f"{tables.METHOD_LABELS.get(m, m)}, epoch {epoch_number(e)}"
                                  for m, e in stats.index])
     out.attrs["caption"] = (
         "SSA labels against the true importance mask per probed epoch (labels from the model "

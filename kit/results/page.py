@@ -36,13 +36,15 @@ import nbformat  # noqa: E402
 
 from kit import io as kio  # noqa: E402
 from kit import runs  # noqa: E402
-from kit.config.profiles import REPO, Profile, load_profile  # noqa: E402
-from kit.results import page_header  # noqa: E402
+from kit.config.paths import PROJECT, outputs_root  # noqa: E402
+from kit.config.profiles import Profile, load_profile  # noqa: E402
+from kit.results import page_header, token_html  # noqa: E402
 
 Execute = Callable[[Path, Path, dict], None]
 
-# the figure notebooks a profile's `figures:` asks for (kit.results.profile_outputs draws the
-# same figures as PNG files), and those written for one profile (their own text names it)
+# the notebook of each figure kind a profile's `figures:` may ask for (kit.config.profiles.
+# FIGURES; kit.results.profile_outputs draws the same figures as PNG files), and those written
+# for one profile (their own text names it)
 FIGURE_NOTEBOOKS = {"label-quality": "label_quality", "gamma": "gamma", "cost": "cost"}
 PROFILE_NOTEBOOKS = {"gamma": ("gamma", "cost"), "case-study": ("case_study",),
                      "mechanism": ("mechanism",)}
@@ -65,8 +67,9 @@ REMOTE = re.compile(r"""\bsrc\s*=\s*["']?\s*(?:[a-z]+:)?//|<link\b[^>]*\bhref\s*
 
 
 def reports_root(outputs_dir: str | Path) -> Path:
-    """outputs/reports: one folder per profile, and index.html listing them."""
-    return Path(outputs_dir) / "reports"
+    """outputs/reports: one folder per profile, and index.html listing them (the outputs
+    folder by kit.config.paths.outputs_root)."""
+    return outputs_root(outputs_dir) / "reports"
 
 
 def report_path(outputs_dir: str | Path, profile: str) -> Path:
@@ -77,7 +80,7 @@ def papermill_execute(notebook: Path, output: Path, parameters: dict) -> None:
     """The default `execute`: papermill in a kernel of its own."""
     import papermill as pm
     pm.execute_notebook(str(notebook), str(output), parameters=parameters, kernel_name="python3",
-                        progress_bar=False, cwd=str(REPO))
+                        progress_bar=False, cwd=str(PROJECT))
 
 
 def build(profile: str | Profile, outputs_dir: str | Path = "outputs",
@@ -91,12 +94,15 @@ def build(profile: str | Profile, outputs_dir: str | Path = "outputs",
     # the runs' pages are rendered here while the kernel executes the notebooks: two cores busy
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pages = pool.submit(render_runs, grid, folder)
+        tokens = pool.submit(token_section, grid)
         executed, failures = run_notebooks(profile, outputs_dir, folder / "notebooks",
                                            execute or papermill_execute)
         links = pages.result()
-    header, summary = page_header.header(profile, grid, links, counts, failures)
+    section, token_failures = tokens.result()
+    header, summary = page_header.header(profile, grid, links, counts, failures + token_failures)
     page = render(executed, title=f"{profile.name}: ssa-kit report", exclude_input=True)
     page = page.replace("<main>", "<main>\n" + header, 1)
+    page = page.replace("</main>", section + "</main>", 1)     # below the notebooks
     check_local(page, folder / "index.html")
     kio.write_text(folder / "index.html", page)
     kio.write_json(folder / "summary.json", summary)
@@ -123,21 +129,30 @@ def run_notebooks(profile: Profile, outputs_dir: str | Path, folder: Path,
     """Execute the page's notebooks into `folder`; returns the executed notebooks (a failed one
     too: it shows its error) and one line per failure."""
     # a params/ profile by its name (what the notebooks print); a YAML elsewhere by its path
-    named = profile.path.resolve() == (REPO / "params" / f"{profile.name}.yaml").resolve()
+    named = profile.path.resolve() == (PROJECT / "params" / f"{profile.name}.yaml").resolve()
     common = {"profile": profile.name if named else str(profile.path),
-              "outputs_dir": str(Path(outputs_dir).resolve())}
+              "outputs_dir": str(outputs_root(outputs_dir))}
     executed, failures = [], []
     for name, extra in notebooks_for(profile):
         output = folder / f"{name}.ipynb"
         with kio.atomic_path(output) as tmp:
             try:
-                execute(REPO / "notebooks" / f"{name}.ipynb", tmp, {**common, **extra})
+                execute(PROJECT / "notebooks" / f"{name}.ipynb", tmp, {**common, **extra})
             except Exception as err:   # the notebook's error is shown in it; the page goes on
                 if not tmp.stat().st_size:       # nothing ran (no kernel): nothing to show
                     raise
                 failures.append(f"notebooks/{name}.ipynb failed: {one_line(err)}")
         executed.append(nbformat.read(output, as_version=4))
     return executed, failures
+
+
+def token_section(grid: list[page_header.GridRun]) -> tuple[str, list[str]]:
+    """The token view of the grid's finished runs that saved SSA labels (kit.results.token_html;
+    "" when none did), or a failure line for the warnings: the rest of the page stands."""
+    try:
+        return token_html.report_section([r.run_dir for r in grid if r.status == "ok"]), []
+    except Exception as err:           # noqa: BLE001 - one line on the page, never a lost page
+        return "", [f"the token view failed: {one_line(err)}"]
 
 
 def one_line(err: BaseException) -> str:

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from kit.config.paths import outputs_root
 from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.results import table_sets, writers
 from kit.results.collect import load_runs
 from kit.runs import config_path, run_dir_of
+
+# each of kit.config.profiles.FIGURES: its function in kit.results.figures (by name: matplotlib
+# is imported only when a profile draws)
+DRAW = {"label-quality": "label_quality_figure", "cost": "cost_figure", "gamma": "gamma_figure"}
 
 
 def write(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
@@ -22,7 +27,7 @@ def write(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
     if not run_dirs:
         return []
     tables = table_sets.profile_tables(load_runs(run_dirs), profile.varying())
-    paths = writers.write_tables(tables, profile.name, Path(outputs_dir) / "tables")
+    paths = writers.write_tables(tables, profile.name, outputs_root(outputs_dir) / "tables")
     if show:
         title, table = next(iter(tables.items()))
         named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
@@ -37,13 +42,11 @@ def figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path | 
     """One of the profile's figures, drawn from its grid's runs; None, with one line, when they
     hold nothing to draw (e.g. no SSA run finished): the tables and results stand."""
     from kit.results import figures          # matplotlib: only for a profile that draws
-    draw = {"label-quality": figures.label_quality_figure, "cost": figures.cost_figure,
-            "gamma": figures.gamma_figure}
-    if kind not in draw:
+    if kind not in DRAW:     # load_profile checked the names; a Profile made by hand may not be
         raise ConfigError(f"{profile.path}: unknown figure {kind!r}; choose from "
-                          f"{', '.join(draw)}")
+                          f"{', '.join(DRAW)}")
     try:     # the profile by its file: a YAML elsewhere may share a name with one in params/
-        fig = draw[kind](outputs_dir=outputs_dir, profile=str(profile.path))
+        fig = getattr(figures, DRAW[kind])(outputs_dir=outputs_dir, profile=str(profile.path))
     except ValueError as err:
         print(f"figure {kind}: not drawn ({str(err).splitlines()[0]})", flush=True)
         return None

@@ -34,6 +34,7 @@ import pandas as pd
 
 from kit import io as kio
 from kit import runs
+from kit.config.paths import outputs_root
 from kit.config.tasks import GLUE_TASKS, get_task
 
 # (task, test split) -> the file name the GLUE server expects.
@@ -149,7 +150,7 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
     ok = runs[runs["status"] == "ok"] if len(runs) else runs
     if len(ok):
         ok = ok.assign(glue_task=ok["task"].map(glue_name)).dropna(subset=["glue_task"])
-    out_dir = Path(outputs_dir) / "submissions"
+    out_dir = outputs_root(outputs_dir) / "submissions"
     manifest = []
     several_models = len(ok) > 0 and ok["model"].nunique() > 1
     for key_values, group in (ok.groupby(group_by, sort=True) if len(ok) else []):

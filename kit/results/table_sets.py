@@ -13,7 +13,9 @@ from kit.results.fold_tables import fold_table, oof_metrics, oof_predictions
 from kit.results.paper_results import PAPER_TASKS, paper_profile
 from kit.results.paper_table import paper_table
 from kit.results.collect import table_notes
+from kit.results.notebook_defaults import NoRuns, run_command
 from kit.results.selection import select_runs, selection_table
+from kit.train.progress import epoch_number
 from kit.results.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_runs,
                                 runs_table, summary_table)
 
@@ -34,11 +36,15 @@ PRETRAINING = "Pretraining (held-out masked-LM loss of the best epoch)"
 
 def pretrain_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per pretraining run: the held-out masked-LM loss and perplexity of its best
-    epoch, and where the adapted model went (adapted_dir; else its checkpoint/best)."""
+    epoch (counted from 1), and where the adapted model went (adapted_dir; else its
+    checkpoint/best)."""
     columns = ["run_id", "task", "model", "seed", "status", "mlm_loss", "perplexity",
                "best_epoch", "mlm_probability", "whole_word_mask", "pretrain_eval_text",
                "adapted_dir"]
-    return runs[[c for c in columns if c in runs.columns]].reset_index(drop=True)
+    table = runs[[c for c in columns if c in runs.columns]].reset_index(drop=True)
+    if "best_epoch" in table:
+        table["best_epoch"] = epoch_number(pd.to_numeric(table["best_epoch"])).astype("Int64")
+    return table
 
 
 def _finetune_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
@@ -95,8 +101,9 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
         df = df[~df["method"].isin(methods.names(pretrain=True))]
     ok = df[df["status"] == "ok"] if len(df) else df
     if ok.empty:
-        raise ValueError("no finished (status ok) runs to tabulate: run the profile first "
-                         "(./run_all.sh PROFILE) or check outputs_dir / profile")
+        raise NoRuns(f"no finished (status ok) runs to tabulate: run the profile first "
+                     f"(`{run_command(profile) if profile else './run_all.sh PROFILE'}`) or "
+                     "check outputs_dir / profile")
     selected = select_runs(df, rule, candidate_keys=candidate_keys)
     if "budget" in selected.columns:       # runs from before the budget knob trained "epochs"
         selected = selected.assign(budget=selected["budget"].fillna("epochs"))

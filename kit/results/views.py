@@ -6,11 +6,24 @@ from pathlib import Path
 import pandas as pd
 
 from kit import runs
+from kit.train.progress import dev_columns, epoch_number
+
+
+def summary_line(metrics: dict) -> str:
+    """What a notebook prints after fit(): run id, status and the best epoch (counted from 1)
+    with its dev metrics, e.g. `synthetic-ssa-h-s0-1a2b3c4d5e ok: best epoch 2/3, accuracy
+    0.8125, f1 0.8010` (multi-task: each task's metrics and their mean score)."""
+    if metrics.get("status") != "ok":
+        return f"{metrics.get('run_id')} {metrics.get('status')}: {metrics.get('error')}"
+    dev = ", ".join(f"{k} {v:.4f}" for k, v in dev_columns(metrics["best_dev"]).items())
+    return (f"{metrics['run_id']} ok: best epoch {epoch_number(metrics['best_epoch'])}/"
+            f"{len(metrics['epochs'])}, {dev}")
 
 
 def epoch_table(metrics: dict) -> pd.DataFrame:
-    """Dev metrics per epoch (plus SSA label statistics where there are any; three-subset
-    statistics where the run has them: masked-LM pretraining has none)."""
+    """Dev metrics per epoch, counted from 1 (plus SSA label statistics where there are any;
+    three-subset statistics where the run has them: masked-LM pretraining has none); `best`
+    marks the best epoch."""
     rows = [{"epoch": e["epoch"], **e["dev"],
              **{f"three_subset_{k}": e["three_subset"][k] for k in ("mean", "std")
                 if k in e["three_subset"]},
@@ -22,6 +35,9 @@ def epoch_table(metrics: dict) -> pd.DataFrame:
         keep = ["epoch", "kept", "variants", "flip_rate", "share_label1",
                 "cue_share_label1", "distractor_share_label1"]
         table = table.merge(stats[[c for c in keep if c in stats]], on="epoch", how="left")
+    if len(table):
+        table["best"] = table["epoch"].eq(metrics.get("best_epoch")).map({True: "★", False: ""})
+        table["epoch"] = epoch_number(table["epoch"])     # records count from 0, readers from 1
     return table.set_index("epoch")
 
 

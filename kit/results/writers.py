@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit import io as kio
+from kit.config.paths import outputs_root, project_path
 
 
 def _markdown_cell(value) -> str:
@@ -83,9 +84,10 @@ def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
                                label=f"tab:{_slug(name)}" + (f"-{_slug(title)}" if several else ""))
                     for title, f in frames.items()
                     ).replace("±", r"$\pm$").replace("†", r"$\dagger$")   # robust in any TeX
-    texts = {Path(tables_dir) / f"{name}.md": md,
-             **{Path(tables_dir) / f"{stem}.csv": text for stem, text in csvs.items()},
-             Path(tables_dir) / f"{name}.tex": tex}
+    folder = project_path(tables_dir)       # relative: the project's (kit.config.paths)
+    texts = {folder / f"{name}.md": md,
+             **{folder / f"{stem}.csv": text for stem, text in csvs.items()},
+             folder / f"{name}.tex": tex}
     for path, text in texts.items():
         kio.write_text(path, text)            # tmp file beside it, then os.replace
     return list(texts)
@@ -96,6 +98,7 @@ def write_results(tables: pd.DataFrame | Mapping[str, pd.DataFrame],
                   name: str = "") -> list[Path]:
     """`write_tables` into `<outputs_dir>/tables/` as `name`, by default `<profile>-results`
     (`all-results` without a profile; a YAML path's stem), beside the batch runner's own
-    `<profile>.{md,csv,tex}`."""
+    `<profile>.{md,csv,tex}` (the outputs folder by kit.config.paths.outputs_root)."""
     stem = Path(profile).stem if profile and profile.endswith((".yaml", ".yml")) else profile
-    return write_tables(tables, name or f"{stem or 'all'}-results", Path(outputs_dir) / "tables")
+    return write_tables(tables, name or f"{stem or 'all'}-results",
+                        outputs_root(outputs_dir) / "tables")

@@ -1,8 +1,10 @@
 """The accelerate set-up of a run: the device (CUDA, Apple's MPS, CPU), the precision
 `mixed_precision: auto` resolves to there, and the Accelerator (autocast, loss scaling, DDP,
-gradient accumulation, trackers) the loop uses. docs/gpu.md: what each device gets, what ran."""
+gradient accumulation, trackers) the loop uses, and the CPU threads a process may use
+(`cpu_threads`). docs/gpu.md: what each device gets, what ran."""
 from __future__ import annotations
 
+import os
 import re
 import resource
 import sys
@@ -85,6 +87,7 @@ def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,
     device = machine_device()
     precision = machine_precision(mixed_precision)
     set_tf32(device, mixed_precision)
+    limit_threads()
     _allow_precision_change(precision)
     # multi-task: a batch trains one task's head (and gated stages freeze parameters), so DDP
     # must not wait for gradients that never come
@@ -95,6 +98,34 @@ def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,
     if precision == "fp16" and accelerator.device.type == "cpu" and not accelerator.native_amp:
         _fp16_on_cpu(accelerator)
     return accelerator
+
+
+def cpu_threads(processes: int = 1) -> int:
+    """CPU threads for each of `processes` processes on this node: the CPUs the job was given -
+    SLURM_CPUS_PER_TASK under SLURM (whose cgroup may leave every core of the node visible),
+    else the CPUs this process may run on (sched_getaffinity: taskset, cpusets, containers) -
+    shared out, at least one. Not os.cpu_count(): that counts the node's cores, not the job's.
+    Every place that sets threads asks this (kit.batch for torchrun's OMP_NUM_THREADS)."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        cpus = int(slurm)
+    elif hasattr(os, "sched_getaffinity"):
+        cpus = len(os.sched_getaffinity(0))
+    else:                                  # macOS, Windows: no affinity to ask
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, processes))
+
+
+def limit_threads() -> None:
+    """No more torch threads than this process's share of the job's CPUs (`cpu_threads` over
+    the node's processes, torchrun's LOCAL_WORLD_SIZE): torch's default may count every core of
+    the node, and 64 threads on 8 allocated cores run slower than 8. OMP_NUM_THREADS, when
+    set, stands, and so does a smaller count set before (a test's one thread)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    share = cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if torch.get_num_threads() > share:
+        torch.set_num_threads(share)
 
 
 def set_tf32(device: str, requested: str) -> None:

@@ -15,7 +15,6 @@ builds the identical next epoch. Counts are global; only the main process writes
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +31,12 @@ from kit.train import tracking as ktracking
 from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
                              reset_peak_memory)
 from kit.config.run_config import RunConfig
-from kit.data.pipeline import Examples, collate, sorted_batches
-from kit.train.metrics import flatten_metrics
+from kit.data.pipeline import Examples, collate
 from kit.models.model_io import save_model
 from kit.train.optim import LinearSchedule, parameter_groups
-from kit.train.provenance import environment
-from kit.train.step import NonFiniteLoss, check_finite, history_row, train_step  # noqa: F401
+from kit.train.provenance import environment, kit_commit
+from kit.train.step import (NonFiniteLoss, check_finite, history_row, predict_logits,  # noqa: F401
+                            shard, to_device, train_step)
 
 
 @dataclass
@@ -54,8 +53,9 @@ class Job:
     kit.train.multitask.MultiTask).
 
     Attributes set by the constructor: model (not yet prepared), tokenizer, tasks (kit Task
-    list), pad_id, has_test; the loop adds `writer` (True in the process that writes files)
-    and `trainable` (ids of the parameters that train). Methods below."""
+    list), pad_id, has_test; the loop adds `writer` (True in the process that writes files),
+    `trainable` (ids of the parameters that train) and `stop` (the signals noted: a pass of the
+    job's own asks `stop.between_batches`). Methods below."""
     # DDP: True when a step may leave parameters without a gradient (multi-task heads, stages)
     find_unused_parameters = False
 
@@ -102,14 +102,20 @@ class Job:
 # ---------------------------------------------------------------- the loop
 
 def recorded(cfg: RunConfig, build: Callable[[RunConfig], Job]) -> dict:
-    """`run` inside the outputs contract's frame (kit.runs.run_recorded: skip if finished, lock,
-    config.json, metrics.json ok / failed / preempted with the run's environment), with SIGTERM,
-    SIGUSR1 and SIGINT noted rather than fatal (kit.train.preemption): what fit() of every kind
-    of job returns."""
+    """`run` inside the outputs contract's frame (kit.runs.run_recorded: a finished run is reused,
+    said in one line, unless rerun; lock, config.json, metrics.json ok / failed / preempted with
+    the run's environment), with SIGTERM, SIGUSR1 and SIGINT noted rather than fatal
+    (kit.train.preemption): what fit() of every kind of job returns."""
     stop = preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
     with preemption.catching(stop):
-        return runs.run_recorded(cfg, lambda c, run_dir: run(c, run_dir, build, stop),
-                                 process_state(), environment)
+        metrics = runs.run_recorded(cfg, lambda c, run_dir: run(c, run_dir, build, stop),
+                                    process_state(), environment,
+                                    lambda done: kprogress.reused(done, kit_commit()))
+    # every run checkpoints while it trains, so a preempted one resumes; without
+    # save_checkpoints the folder goes once metrics.json says ok (a kill before that resumes)
+    if not cfg.save_checkpoints and process_state().is_main_process:
+        run_state.discard(runs.run_dir_of(cfg))
+    return metrics
 
 
 @explain_mps_errors()       # an operator MPS lacks: one line naming it and the way round
@@ -117,7 +123,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         stop: preemption.Stop | None = None) -> dict:
     """Train and evaluate one config with the job `build(cfg)` makes (`build` is a Job class);
     returns the metrics. `stop`: the signals noted (kit.train.preemption); when one is, the run
-    stops after its current step with a checkpoint and raises kit.runs.RunPreempted."""
+    stops after its current step (or batch of a pass: probing, evaluation, test prediction) with
+    a checkpoint and raises kit.runs.RunPreempted."""
     from accelerate.utils import set_seed
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()      # per-checkpoint "Writing model shards" bars
@@ -139,15 +146,17 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     unwrapped = accelerator.unwrap_model(model)
     schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
 
-    def predict(examples: Examples, desc: str = "eval") -> np.ndarray:
-        return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc)
+    stop = job.stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
+
+    def predict(examples: Examples, desc: str = "eval") -> np.ndarray:   # stops between batches
+        return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc,
+                              stop)
 
     # accelerate saves and restores the model, optimizer and every rank's RNG; run_state this
     # progress (JSON) and, inside an epoch, the epoch's examples and batches as drawn
-    stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
-    last = runs.checkpoint_dir(run_dir) / "last" if cfg.save_checkpoints else None
+    last = runs.checkpoint_dir(run_dir) / "last"
     progress = run_state.Progress()
-    inside = run_state.resume(accelerator, run_dir, progress) if cfg.save_checkpoints else None
+    inside = run_state.resume(accelerator, run_dir, progress, cfg.resume_on_other_hardware)
     job.resumed(progress.epoch + (inside is not None))
     if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
         model = torch.compile(model, dynamic=True)
@@ -156,7 +165,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     # what resume restores (accelerate's own skip flag is wrong with fused AdamW: docs/gpu.md)
     done = progress.epoch + 1 + (progress.position / len(inside.plan) if inside else 0)
     lr = schedule.set_progress(done / cfg.epochs)
-    walls, best_in_memory = progress.walls, None
+    walls = progress.walls
     started = time.perf_counter() - progress.elapsed
     for epoch in range(progress.epoch + 1, cfg.epochs):
         shown = shown_epoch(epoch, cfg)          # progress lines count epochs from 1
@@ -164,8 +173,12 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         if inside is None:
             # (1) the epoch's batches: SSA probes with the model as it stands after epoch - 1
             t0 = time.perf_counter()
-            work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {shown} label generation"),
-                             unwrapped)
+            try:
+                work = job.epoch(epoch, lambda ex: predict(ex, f"epoch {shown} label generation"),
+                                 unwrapped)
+            except preemption.Interrupted:   # `last` is the previous epoch's end: the resumed run
+                raise runs.RunPreempted(     # draws the same labels from the same model again
+                    stop.where(epoch, 0, progress.step, last, "label generation")) from None
             walls["label_generation"] += time.perf_counter() - t0
             if work.label_stats is not None:
                 progress.label_stats.append(work.label_stats)
@@ -192,9 +205,12 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id),
                               accelerator.device)
             at = (epoch + (i + 1) / len(work.plan)) / cfg.epochs
+            # the epoch's last accumulation may hold fewer batches: it steps at the epoch's end,
+            # so no half-accumulated gradient crosses into the next epoch (or past a checkpoint)
+            group = min(cfg.grad_accum, len(work.plan) - i // cfg.grad_accum * cfg.grad_accum)
             terms = train_step(accelerator, model, optimizer,
                                lambda: job.loss_terms(model, batch, t), cfg.max_grad_norm,
-                               lambda: schedule.set_progress(at))
+                               lambda: schedule.set_progress(at), group, i + 1 == len(work.plan))
             lr = schedule.lr
             running.append(torch.stack([v.detach() for v in terms.values()]))
             running_tasks.append(t)
@@ -216,7 +232,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             if not accelerator.sync_gradients:   # a checkpoint keeps no half-accumulated gradient
                 continue
             stopping, due = stop.agreed(progress.step, accelerator)
-            if cfg.save_checkpoints and (stopping or (due and i + 1 < len(work.plan))):
+            if stopping or (due and i + 1 < len(work.plan)):
                 progress.window = [row.float().tolist() for row in running]
                 progress.window_tasks, progress.lr = list(running_tasks), lr
                 t0 = run_state.save_inside(accelerator, run_dir, progress, work, i + 1, t0,
@@ -231,7 +247,15 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
 
         # (3) evaluate on the full dev set(s); checkpoint best, then last with the loop state
         t0 = time.perf_counter()
-        dev_metrics, three, results = job.evaluate(predict, unwrapped)
+        try:
+            dev_metrics, three, results = job.evaluate(predict, unwrapped)
+        except preemption.Interrupted:      # keep the epoch's training; the resumed run evaluates
+            progress.window, progress.window_tasks, progress.lr = [], [], lr
+            progress.epoch_train_s = epoch_train_s
+            run_state.save_inside(accelerator, run_dir, progress, work, len(work.plan),
+                                  time.perf_counter(), started)
+            raise runs.RunPreempted(stop.where(epoch, len(work.plan), progress.step, last,
+                                               "evaluation")) from None
         if cfg.save_epoch_predictions and main:   # the CommonLit recipe: every epoch's predictions
             job.write_dev(run_dir, results, suffix=f"_epoch{epoch}")
         record = {"epoch": epoch, "dev": dev_metrics, "three_subset": three,
@@ -240,8 +264,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         progress.epochs.append(record)
         improved = progress.best is None or dev_metrics["score"] > progress.best["dev"]["score"]
         if accelerator.is_local_main_process:
-            kprogress.note(f"epoch {shown}: dev {brief(dev_metrics)}, train loss "
-                           f"{record['train_loss']:.4f}{' (best)' if improved else ''}")
+            kprogress.epoch_done(record, cfg, best=improved)   # a table row or a line
         accelerator.log(ktracking.epoch_scalars(
             record, work.label_stats, sum(len(rows) for _, rows in work.plan) / epoch_train_s),
             step=progress.step)
@@ -249,25 +272,27 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             progress.best = record
             if main:
                 job.write_dev(run_dir, results)
-            if job.has_test and not cfg.save_checkpoints:
-                best_in_memory = copy.deepcopy(unwrapped.state_dict())
         if main:
             runs.write_history(run_dir, progress.history)
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed, progress.position = epoch, time.perf_counter() - started, None
-        if cfg.save_checkpoints:            # every rank: each saves its RNG state
-            run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir, improved,
-                                       job.save, progress)
-            stop.checkpointed()
+        # every rank: each saves its RNG state; `best` only where it is kept or predicts the test
+        run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir,
+                                   improved and (cfg.save_checkpoints or job.has_test), job.save,
+                                   progress)
+        stop.checkpointed()
         accelerator.wait_for_everyone()     # the other ranks may read the checkpoint next
         if epoch + 1 < cfg.epochs and stop.agreed(progress.step, accelerator)[0]:
-            raise runs.RunPreempted(stop.where(epoch + 1, 0, progress.step, last))  # in eval
+            raise runs.RunPreempted(      # noted during the epoch's end: after its checkpoint
+                stop.where(epoch + 1, 0, progress.step, last, "epoch end"))
 
     if job.has_test:                   # GLUE with predict_test, a CSV task's csv_test_path
-        best = (job.load(runs.checkpoint_dir(run_dir) / "best")[0].state_dict()
-                if cfg.save_checkpoints else best_in_memory)
-        unwrapped.load_state_dict(best)
-        job.write_test(run_dir, predict, unwrapped)
+        unwrapped.load_state_dict(job.load(runs.checkpoint_dir(run_dir) / "best")[0].state_dict())
+        try:
+            job.write_test(run_dir, predict, unwrapped)
+        except preemption.Interrupted:      # every epoch is in `last`: the resumed run predicts
+            raise runs.RunPreempted(stop.where(cfg.epochs - 1, None, progress.step, last,
+                                               "test prediction")) from None
     walls["total"] = time.perf_counter() - started
     for tracker in accelerator.trackers:   # not end_training(): that also ends the process group
         tracker.finish()
@@ -279,66 +304,16 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             "peak_memory_mb": peak_memory_mb(), "ssa_labels": progress.label_stats,
             "resumed_after_epoch": progress.resumed_after_epoch,
             "resumed_inside_epoch": progress.resumed_at,
+            "resumed_on_other_hardware": progress.other_hardware,
             "processes": accelerator.num_processes,
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision}
 
 
 def shown_epoch(epoch: int, cfg: RunConfig) -> str:
     """`1/2` for epoch 0 of 2: progress lines count from 1; records keep the 0-based index."""
-    return f"{epoch + 1}/{cfg.epochs}"
-
-
-def shard(rows: list[int], accelerator) -> list[int]:
-    """This rank's part of a global batch: rows[rank::n]. A batch smaller than the number of
-    processes is cycled so every rank has a row (its repeats weigh the same as the originals)."""
-    n = accelerator.num_processes
-    if n == 1:
-        return rows
-    if len(rows) < n:
-        rows = [rows[i % len(rows)] for i in range(n)]
-    return rows[accelerator.process_index::n]
-
-
-def to_device(batch: dict, device) -> dict:
-    """The batch on the run's device. CUDA: from pinned memory, so the copy overlaps the compute;
-    MPS (unified memory, no pinning) and CPU: a plain copy (none on the CPU)."""
-    if device.type == "cuda":
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return {k: v.to(device) for k, v in batch.items()}
-
-
-@torch.inference_mode()
-def predict_logits(model, examples: Examples, batch_size: int, pad_id: int, accelerator,
-                   desc: str = "eval") -> np.ndarray:
-    """Logits for every row, in row order. Eval mode (no dropout); longest batches first; with
-    several processes each rank runs its slice of every batch and the slices are gathered."""
-    was_training = model.training
-    model.eval()
-    n = accelerator.num_processes
-    rows, logits = [], []
-    for idx in kprogress.bar(sorted_batches(examples.lengths, batch_size), desc=desc,
-                             disable=not accelerator.is_local_main_process):
-        batch = to_device(collate(examples, shard(idx, accelerator), pad_id), accelerator.device)
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
-        got_rows, got = batch["rows"], out["logits"].float()
-        if n > 1:    # slices differ in size by one: pad (row -1), gather, drop the padding
-            got_rows = accelerator.gather(accelerator.pad_across_processes(got_rows, pad_index=-1))
-            got = accelerator.gather(accelerator.pad_across_processes(got))
-            got, got_rows = got[got_rows >= 0], got_rows[got_rows >= 0]
-        rows.append(got_rows.cpu())
-        logits.append(got.cpu())
-    model.train(was_training)
-    result = np.empty((len(examples), logits[0].shape[-1]), dtype=np.float32)
-    result[torch.cat(rows).numpy()] = torch.cat(logits).numpy()
-    return result
+    return f"{kprogress.epoch_number(epoch)}/{cfg.epochs}"
 
 
 def to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
     return logits[:, 0] if regression else logits.argmax(-1)
 
-
-def brief(dev_metrics: dict) -> str:
-    """`accuracy 0.6123, f1 0.5800` from a dev metrics dict (multi-task: `RTE/accuracy ...`)."""
-    flat = flatten_metrics(dev_metrics)
-    return ", ".join(f"{k} {v:.4f}" for k, v in flat.items() if k != "score" or len(flat) == 1)

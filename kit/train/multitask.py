@@ -34,6 +34,7 @@ import pandas as pd
 from kit.train import loop, run_state
 from kit import methods, runs
 from kit.train import metrics as kmetrics
+from kit.train import progress as kprogress
 from kit.models.backbones import load_backbone
 from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
@@ -264,12 +265,13 @@ def per_task_table(metrics: dict) -> pd.DataFrame:
 
 
 def epoch_table(metrics: dict) -> pd.DataFrame:
-    """Per epoch: each task's dev score, the selection score (mean), train loss, stage, batches."""
+    """Per epoch (counted from 1): each task's dev score, the selection score (mean), train
+    loss, stage, batches."""
     rows = []
     for e in metrics["epochs"]:
         scores = {f"{n}": m["score"] for n, m in e["dev"].items() if n != "score"}
-        rows.append({"epoch": e["epoch"], **scores, "mean_score": e["dev"]["score"],
-                     "train_loss": e["train_loss"], "stage": e["stage"],
+        rows.append({"epoch": kprogress.epoch_number(e["epoch"]), **scores,
+                     "mean_score": e["dev"]["score"], "train_loss": e["train_loss"], "stage": e["stage"],
                      "batches": " ".join(f"{n}:{c}" for n, c in e["task_batches"].items()),
                      "wall_s": e["wall_s"]})
     return pd.DataFrame(rows).set_index("epoch")

@@ -10,6 +10,11 @@ ranks from different steps: `Stop.agreed` all-reduces (sums) the note of every r
 the main process's "a checkpoint is due" clock, so a signal to any one rank (or to torchrun,
 which passes SIGTERM / SIGINT on to every worker) stops all of them after the same step, and
 the time-based checkpoints happen on the same step everywhere though the ranks' clocks differ.
+
+A pass over data that is not training - SSA label generation, evaluation, test prediction - looks
+at the note between its batches (`Stop.requested`) and raises `Interrupted`; the loop turns that
+into a checkpoint (or none, where the last one already holds everything) and RunPreempted, so a
+signal never waits for the rest of a pass over MNLI's dev set.
 """
 from __future__ import annotations
 
@@ -25,6 +30,11 @@ import torch
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 PREEMPTED_EXIT = 75          # sysexits.h EX_TEMPFAIL: a temporary failure, retry later
+
+
+class Interrupted(Exception):
+    """A pass over data (SSA probing, evaluation, test prediction) stopped between two batches
+    on a signal; kit.train.loop turns it into RunPreempted."""
 
 
 class Stop:
@@ -49,14 +59,18 @@ class Stop:
         by_time = self.every_s > 0 and time.monotonic() - self.last_checkpoint >= self.every_s
         return by_steps or by_time
 
-    def where(self, epoch: int, batch: int | None, step: int, checkpoint: Path | None) -> dict:
+    def where(self, epoch: int, batch: int | None, step: int, checkpoint: Path | None,
+              during: str = "training") -> dict:
         """What metrics.json records of the stop: the signal, when, on which host, and where
         the run resumes (`epoch`: 0-based here, counted from 1 in the record as in the progress
-        lines; `batch`: batches of that epoch done)."""
+        lines; `batch`: batches of that epoch done; `during`: training, label generation,
+        evaluation, epoch end (the epoch's bookkeeping and checkpoint) or test prediction). `checkpoint` is None only when the run stopped before
+        its first checkpoint, having trained nothing: rerunning starts it afresh, losing nothing."""
         return {"signal": self.signal,
                 "at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                 "host": socket.gethostname(), "epoch": epoch + 1, "batch": batch, "step": step,
-                "checkpoint": checkpoint and str(checkpoint)}
+                "during": during,
+                "checkpoint": str(checkpoint) if checkpoint and checkpoint.is_dir() else None}
 
     def agreed(self, step: int, accelerator) -> tuple[bool, bool]:
         """(stop, checkpoint due) after `step`, the same on every rank: stop if any rank was
@@ -71,6 +85,23 @@ class Stop:
         if flags[0] and self.signal is None:
             self.signal = "a signal to another rank"
         return bool(flags[0]), bool(flags[1])
+
+    def requested(self, state) -> bool:
+        """Whether any rank was signalled, the same answer on every rank: asked between the
+        batches of a pass that every rank runs in step (`state`: the Accelerator or accelerate's
+        PartialState). One process: no collective."""
+        if state.num_processes == 1:
+            return self.signal is not None
+        from accelerate.utils import reduce
+        flag = reduce(torch.tensor([float(self.signal is not None)], device=state.device), "sum")
+        if flag[0] and self.signal is None:
+            self.signal = "a signal to another rank"
+        return bool(flag[0])
+
+    def between_batches(self, state) -> None:
+        """Raise Interrupted if a stop was requested (`requested`)."""
+        if self.requested(state):
+            raise Interrupted(self.signal)
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from kit import io as kio
 from kit.train import progress as kprogress
 from kit.train.accel import process_state
 from kit.models.backbones import TINY, ModelError, load_backbone, model_path
+from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import (IGNORE, Examples, encode, length_grouped_batches, pad_rows,
                                random_batches, sorted_batches)
@@ -99,7 +100,8 @@ def load_masked_lm(name: str) -> tuple[MaskedLM, object, list[str]]:
     from kit.models.checkpoints import is_classic_checkpoint     # imports transformers' models: lazily
     with _quiet_loading():
         encoder, tokenizer = load_backbone(name)
-        source = None if name == TINY or is_classic_checkpoint(name) else model_path(name)
+        source = model_path(name)
+        source = None if name == TINY or is_classic_checkpoint(source) else source
         offline = source is not None and not Path(source).exists() and hub.hub_unreachable()
         try:
             if source is None:
@@ -191,7 +193,8 @@ class Pretrain(loop.Job):
         return {"loss": total / count.clamp(min=1)}   # a batch with no mask: loss 0, no NaN
 
     def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
-        loss = heldout_loss(unwrapped, *self.heldout, self.pad_id, self.cfg.eval_batch_size)
+        loss = heldout_loss(unwrapped, *self.heldout, self.pad_id, self.cfg.eval_batch_size,
+                            self.stop)
         return {"mlm_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "score": -loss}, {}, {}
 
     def record(self, epoch: int, work: loop.Epoch, history: list, epoch_losses: list) -> dict:
@@ -204,7 +207,7 @@ class Pretrain(loop.Job):
     def write_test(self, run_dir: Path, predict, unwrapped) -> None:
         """Called with the best epoch's weights loaded: write them to `adapted_dir`, whole."""
         if self.writer:
-            with kio.atomic_dir(self.cfg.adapted_dir) as tmp:
+            with kio.atomic_dir(project_path(self.cfg.adapted_dir)) as tmp:
                 self.save(unwrapped, self.tokenizer, tmp)
 
     def save(self, model, tokenizer, folder: Path) -> None:
@@ -219,7 +222,7 @@ class Pretrain(loop.Job):
                 "mlm_head_initialised": bool(self.new_weights),
                 "mlm_head_new_weights": self.new_weights, **self.rows,
                 "heldout_masked_tokens": int(sum((x != IGNORE).sum() for x in self.heldout[2])),
-                "adapted_dir": str(Path(self.cfg.adapted_dir).resolve())
+                "adapted_dir": str(project_path(self.cfg.adapted_dir))
                 if self.cfg.adapted_dir else None}
 
 
@@ -240,11 +243,11 @@ def _quiet_tied_weights() -> None:
 
 @torch.inference_mode()
 def heldout_loss(model, examples: Examples, masked: list[np.ndarray], labels: list[np.ndarray],
-                 pad_id: int, batch_size: int) -> float:
+                 pad_id: int, batch_size: int, stop=None) -> float:
     """Mean masked-LM loss over every masked token of the held-out text, in eval mode. With
     several processes each rank runs its slice of every batch and the sums are added up; the
     unwrapped model runs it (no DDP collectives), so ranks may run different numbers of
-    forwards."""
+    forwards. `stop`: a signal ends the pass between two batches (preemption.Interrupted)."""
     from accelerate.utils import reduce
     state, was_training = process_state(), model.training
     model.eval()
@@ -253,6 +256,8 @@ def heldout_loss(model, examples: Examples, masked: list[np.ndarray], labels: li
     vocab = model.lm.config.vocab_size
     for idx in kprogress.bar(sorted_batches(examples.lengths, batch_size), desc="eval",
                              disable=not state.is_local_main_process):
+        if stop is not None:           # every rank has the same batches (not the same chunks)
+            stop.between_batches(state)
         for rows in _chunks(idx[state.process_index::state.num_processes], labels, vocab):
             ids = [masked[i] for i in rows]
             inputs = {"input_ids": pad_rows(ids, pad_id, np.int64),

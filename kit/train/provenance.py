@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
+from kit.config.paths import PROJECT as REPO     # the checkout whose commit a run records
 from kit.train.accel import cpu_has_native_bf16, cuda_has_native_bf16, machine_device
 
-REPO = Path(__file__).resolve().parents[2]      # the checkout: kit/train/provenance.py -> ../../..
 # the capabilities that decide what the kit does on a CPU (torch.cpu.get_capabilities() names,
 # weakest first; kit.doctor lists those an x86 CPU has and lacks in this order). torch reads them
 # with the cpuinfo library (CPUID, /proc/cpuinfo), so /proc/cpuinfo's own flags are not parsed

@@ -10,21 +10,32 @@
                          (SSA labels included: they came from the model of epoch N - 1, which a
                          mid-epoch resume no longer has), kit.io's array files (no pickle)
 
-Everything is written beside and swapped in, so a kill never leaves a half checkpoint, and
-nothing read back can execute code.
+Everything is written beside, flushed to disk (fsync) and swapped in by renames, so neither a
+kill nor a node's crash leaves a half checkpoint, and nothing read back can execute code. Every
+run keeps `last` while it trains (a preempted run resumes); `save_checkpoints: false` only
+removes the folder once the run is recorded ok (`discard`).
+
+`last` also records the hardware that wrote it (precision, device, processes): resuming on
+other hardware is refused in one line unless the run allows it (`resume_on_other_hardware`),
+and then noted in metrics.json, since the resumed run is no longer bit for bit the
+uninterrupted one.
 """
 from __future__ import annotations
 
+import os
+import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from kit import io as kio
 from kit.data.pipeline import Examples
 from kit.runs import checkpoint_dir, read_json, write_history
+
 
 class CheckpointError(RuntimeError):
     pass
@@ -52,6 +63,8 @@ class Progress:
     lr: float = 0.0
     epoch_train_s: float = 0.0
     resumed_at: dict | None = None
+    written_on: dict | None = None     # `hardware` of the run that wrote the checkpoint
+    other_hardware: list = field(default_factory=list)   # a line per resume on other hardware
 
     def load(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -115,7 +128,7 @@ def save_inside(accelerator, run_dir: Path, progress: Progress, work: EpochWork,
 
 def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     """`last`: accelerate's state (model, optimizer, fp16's scaler, each rank's RNG and step)
-    and progress.json, written beside and swapped in."""
+    and progress.json with the hardware that wrote it, written beside and swapped in."""
     main = accelerator.is_main_process
     tmp = checkpoint_dir(run_dir) / "last.tmp"
     if main:
@@ -124,9 +137,23 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()        # every rank's RNG file is in
     if main:
+        progress.written_on = hardware(accelerator)
         kio.write_json(tmp / PROGRESS, asdict(progress))
         _swap_in(None, checkpoint_dir(run_dir) / "last")
     accelerator.wait_for_everyone()        # the other ranks may read the checkpoint next
+
+
+def hardware(accelerator) -> dict:
+    """What a bit-exact resume needs to be the same: the precision autocast runs in, the device
+    type and the number of processes (each has its own RNG file and slice of every batch)."""
+    return {"precision": accelerator.mixed_precision, "device": accelerator.device.type,
+            "processes": accelerator.num_processes}
+
+
+def describe(hw: dict) -> str:
+    """`bf16 on cuda x4`: `hardware` in a line."""
+    precision = {"no": "fp32"}.get(hw["precision"], hw["precision"])
+    return f"{precision} on {hw['device']} x{hw['processes']}"
 
 
 def epoch_dir(run_dir: Path, epoch: int) -> Path:
@@ -136,44 +163,133 @@ def epoch_dir(run_dir: Path, epoch: int) -> Path:
 PROGRESS = "progress.json"
 
 
-def resume(accelerator, run_dir: Path, progress: Progress) -> EpochWork | None:
+def resume(accelerator, run_dir: Path, progress: Progress,
+           other_hardware: bool = False) -> EpochWork | None:
     """Restore the last checkpoint, if there is one, into the prepared model and optimizer, the
     RNGs and `progress`; returns the interrupted epoch's work when it was written inside an
     epoch (else None: the next epoch is drawn as the uninterrupted run drew it - SSA labels from
-    the restored model and the (seed, epoch)-seeded generator). A checkpoint written by another number of processes is refused
-    (DDP's parameter names and the per-rank RNG files differ), and so is one written with fp16's
-    loss scaler into a run without one, or the reverse (`auto` resolved on another machine)."""
+    the restored model and the (seed, epoch)-seeded generator). A checkpoint written on other
+    hardware (`hardware`: precision, device, processes) is refused in one line naming both, or
+    with `other_hardware` resumed and noted in progress.other_hardware. On the same hardware the
+    RNGs must come back exactly (`_check_rngs`). Temporary files a killed run left go first."""
+    if accelerator.is_main_process:
+        clean_stale(run_dir)
     last = checkpoint_dir(run_dir) / "last"
     # a kill between the two renames of _swap_in leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
     if folder is None:
         return None
-    wrote = len(list(folder.glob("random_states_*.pkl")))     # one per rank
-    if wrote != accelerator.num_processes:
-        raise CheckpointError(f"{folder} was written by {wrote} process(es), this run has "
-                              f"{accelerator.num_processes}: resume it with --processes {wrote}, "
-                              "or delete that folder to restart the run from scratch")
-    scaled = (folder / "scaler.pt").exists()
-    if scaled != (accelerator.scaler is not None):
-        raise CheckpointError(f"{folder} was written {'with' if scaled else 'without'} fp16's loss "
-                              f"scaler and this run's precision is {accelerator.mixed_precision} "
-                              "(mixed_precision auto resolves per machine): resume it on a machine "
-                              "like the one that wrote it, or delete that folder to restart the "
-                              "run from scratch")
     if not (folder / PROGRESS).exists():
         raise CheckpointError(f"{folder} has no {PROGRESS} (an older kit's checkpoint, whose loop "
                               "state was a pickle, which the kit no longer reads); delete that "
                               "folder to restart the run from scratch")
+    here = hardware(accelerator)
     try:
-        accelerator.load_state(str(folder))
-        progress.load(read_json(folder / PROGRESS))
+        state = read_json(folder / PROGRESS)
+        written = state.get("written_on") or _older_checkpoint(folder, here)
+        note = _compare(folder, written, here, other_hardware)
+        scaler = accelerator.scaler
+        if not (folder / "scaler.pt").exists():   # fp16 here, not there: a fresh loss scale
+            accelerator.scaler = None
+        hook = (accelerator.register_load_state_pre_hook(_weights_of_any_wrapper(accelerator))
+                if written["processes"] != here["processes"] else None)
+        try:
+            accelerator.load_state(str(folder))
+        finally:
+            accelerator.scaler = scaler
+            if hook is not None:
+                hook.remove()
+        progress.load(state)
         work = None if progress.position is None else load_epoch(run_dir, progress.epoch + 1)
+    except CheckpointError:
+        raise
     except Exception as err:
         raise CheckpointError(f"{folder} is corrupt ({type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''}); delete "
                               "that folder to restart the run from scratch") from None
+    if note is None:
+        _check_rngs(folder, accelerator)
+    else:
+        progress.other_hardware.append(note)
     progress.resumed_after_epoch = progress.epoch
     return work
+
+
+def _older_checkpoint(folder: Path, here: dict) -> dict:
+    """`hardware` of a checkpoint from before the record, as far as its files tell: one RNG file
+    per process, scaler.pt under fp16."""
+    scaled = (folder / "scaler.pt").exists()
+    return {**here, "processes": len(list(folder.glob("random_states_*.pkl"))),
+            "precision": "fp16" if scaled else here["precision"] if here["precision"] != "fp16"
+            else "bf16 or fp32"}
+
+
+def _compare(folder: Path, written: dict, here: dict, allowed: bool) -> str | None:
+    """None on the same hardware; else the line saying what differs, raised as CheckpointError
+    unless the run allows another hardware (then returned, the run's note)."""
+    if written == here:
+        return None
+    line = f"{folder} was written with {describe(written)}; this run has {describe(here)}"
+    if allowed:
+        return f"{line}: resumed there (resume_on_other_hardware), not bit for bit"
+    auto = (" (mixed_precision auto resolves per machine)"
+            if written["precision"] != here["precision"] else "")
+    processes = (f" (--processes {written['processes']})"
+                 if written["processes"] != here["processes"] else "")
+    raise CheckpointError(f"{line}{auto}: resume it on hardware like that{processes}, set "
+                          "resume_on_other_hardware: true to resume anyway (not bit-exact), or "
+                          "delete that folder to restart the run from scratch")
+
+
+def _weights_of_any_wrapper(accelerator):
+    """A load_state pre-hook for a checkpoint of another number of processes: DDP saved its
+    weights as `module.<name>`, one process as `<name>`; load them into the plain model
+    whichever it was (safetensors' load_model: tied weights stored once) and take the model off
+    accelerate's list."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    def hook(models: list, input_dir: str) -> None:
+        for i, model in enumerate(models):
+            file = Path(input_dir) / (f"model_{i}.safetensors" if i else "model.safetensors")
+            target = accelerator.unwrap_model(model)
+            with safe_open(str(file), "pt") as f:
+                if next(iter(f.keys()), "").startswith("module."):
+                    target = torch.nn.Module()
+                    target.module = accelerator.unwrap_model(model)
+            load_model(target, file, device="cpu")
+        models.clear()
+    return hook
+
+
+def _check_rngs(folder: Path, accelerator) -> None:
+    """Every RNG as the checkpoint has it: accelerate's load_state restores them inside a
+    try that swallows any failure (a missing CUDA state, an unreadable file) with a log line at
+    INFO, on the main process only, which nobody sees by default; the run would go on with
+    other dropout masks and lose its exact resume without a word. All ranks agree."""
+    from accelerate.utils import load
+    try:
+        states = load(folder / f"random_states_{accelerator.process_index}.pkl")
+        numpy_now, numpy_then = np.random.get_state(), states["numpy_random_seed"]
+        same = (random.getstate() == states["random_state"]
+                and numpy_now[0] == numpy_then[0] and np.array_equal(numpy_now[1], numpy_then[1])
+                and tuple(numpy_now[2:]) == tuple(numpy_then[2:])
+                and torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
+                and accelerator.step == states.get("step", accelerator.step))
+        if same and accelerator.device.type == "cuda":
+            same = all(torch.equal(a, b) for a, b in zip(
+                torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True))
+    except Exception:       # noqa: BLE001 - unreadable or incomplete: not restored either
+        same = False
+    if accelerator.num_processes > 1:
+        same = not accelerator.reduce(torch.tensor([float(not same)],
+                                                   device=accelerator.device), "sum").item()
+    if not same:
+        raise CheckpointError(f"{folder}: its random number generator states were not restored "
+                              "(accelerate's load_state only logs that), so the run would not "
+                              "repeat the uninterrupted one: set resume_on_other_hardware: true "
+                              "to resume anyway (not bit-exact), or delete that folder to "
+                              "restart the run from scratch")
 
 
 def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
@@ -187,14 +303,43 @@ def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
 
 def _swap_in(write, folder: Path) -> None:
     """Swap `folder.tmp` in as `folder` (after `write(tmp)` made it, if given), keeping the old
-    copy as `folder.old` until the new one is in place."""
+    copy as `folder.old` until the new one is in place. The new files reach the disk before the
+    renames, and the renames before the old copy goes: after a crash the folder is the old
+    checkpoint or the new one, never a name over data that was still in memory."""
     tmp = folder.with_name(folder.name + ".tmp")
     old = folder.with_name(folder.name + ".old")
     if write is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         write(tmp)
+    kio.fsync_tree(tmp)
     if folder.exists():                    # else .old may be the only complete copy
         shutil.rmtree(old, ignore_errors=True)
-        folder.rename(old)
-    tmp.rename(folder)
+        os.rename(folder, old)
+    os.rename(tmp, folder)
+    kio.fsync(folder.parent, folder=True)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# what a killed run may leave in checkpoint/: half-written copies (`last.tmp`, `best.tmp`, and
+# kit.io.atomic_dir's `.epoch<N>.*.tmp`, each a whole epoch's examples) and atomic_dir's old
+# copies (`.epoch<N>.*.old`). Only the run writes there (the run folder itself also holds the
+# batch's notebook, written while the run runs: not touched)
+STALE = ("*.tmp", ".*.tmp", ".*.old")
+
+
+def clean_stale(run_dir: Path) -> None:
+    """Remove what a killed run left half-written in checkpoint/ (`STALE`); called by the
+    process that holds the run's lock, before it resumes. `last.old` stays: it may be the only
+    whole checkpoint."""
+    for pattern in STALE:
+        for path in checkpoint_dir(run_dir).glob(pattern):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def discard(run_dir: Path) -> None:
+    """Remove checkpoint/ of a run recorded ok that was not asked to keep it
+    (`save_checkpoints: false`): it was there only for a preempted run to resume."""
+    shutil.rmtree(checkpoint_dir(run_dir), ignore_errors=True)

@@ -14,8 +14,7 @@ and the training throughput.
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
-
+from kit.config.paths import outputs_root
 from kit.config.run_config import ConfigError
 from kit.train.metrics import flatten_metrics
 
@@ -50,7 +49,7 @@ def trackers(names: list[str], outputs_dir: str, profile: str, run_id: str) -> l
                                      WandBTracker)
     group = profile or "runs"
     make = {
-        "tensorboard": lambda: TensorBoardTracker(run_id, Path(outputs_dir) / "tb" / group),
+        "tensorboard": lambda: TensorBoardTracker(run_id, outputs_root(outputs_dir) / "tb" / group),
         "wandb": lambda: WandBTracker(group, name=run_id),
         "mlflow": lambda: MLflowTracker(experiment_name=group, run_name=run_id),
         "trackio": lambda: TrackioTracker(group, name=run_id),

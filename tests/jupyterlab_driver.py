@@ -1,0 +1,260 @@
+"""A real JupyterLab, started from the project's venv, driven in the OS's headless Chromium as a
+person drives it: open a notebook from the file browser, click a cell, Run > Run All Cells,
+wait, look. Used by tests/test_jupyterlab.py.
+
+What JupyterLab writes goes to a temporary folder (its config, runtime, data, settings and
+workspaces; the kernels' IPython profile): nothing lands in the user's home or in the project.
+Autosave is off and nothing ever presses Save, so an executed notebook is never written back
+(committed notebooks carry no outputs); checkpoints would go to the temporary folder too.
+
+What ran is read from the notebook model of the page itself (`window.jupyterapp`, exposed with
+--LabApp.expose_app_in_browser): an error output is one whose output_type is "error", which the
+rendered page does not tell apart from a stderr stream (both are
+application/vnd.jupyter.stderr). What shows is read from the page: images that decoded, HTML
+blocks by CSS class.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-extensions"]
+# front-end plugins a notebook run needs none of: the language server's (its server extension is
+# off too: it would 404 and log errors), the extension manager, the terminal, the debugger and
+# the Notebook 7 buttons. Fewer plugins start faster.
+DISABLED_PLUGINS = ["@jupyterlab/lsp-extension", "@jupyterlab/fileeditor-extension:language-server",
+                    "@jupyterlab/notebook-extension:language-server",
+                    "@jupyterlab/extensionmanager-extension", "@jupyterlab/terminal-extension",
+                    "@jupyterlab/debugger-extension", "@jupyter-notebook/lab-extension"]
+SERVER_EXTENSIONS_OFF = {"jupyter_lsp": False, "jupyter_server_terminals": False,
+                         "notebook": False}
+# user settings: never save a document by itself; no news toast, no update check (offline)
+SETTINGS = {"@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+            "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
+                                                            "checkForUpdates": False}}
+TOKEN = "ssa-kit-test"
+
+# the open notebook at `path`, in short: its widget id, whether its model is loaded, its
+# kernel's status, each code cell's execution count, whether an output is an error; and any
+# dialog's text. Cheap: it is polled.
+STATE_JS = """path => {
+  for (const w of window.jupyterapp.shell.widgets('main')) {
+    if (!w.context || w.context.path !== path) continue;
+    const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+    const counts = [];
+    let error = false;
+    for (const cell of w.context.isReady ? w.context.model.cells : []) {
+      if (cell.type !== 'code') continue;
+      counts.push(cell.executionCount);
+      for (let i = 0; i < cell.outputs.length; i++) error ||= cell.outputs.get(i).type === 'error';
+    }
+    const dialog = document.querySelector('.jp-Dialog');
+    return {id: w.id, ready: w.context.isReady, status: kernel ? kernel.status : null,
+            counts, error, dialog: dialog ? dialog.innerText : null};
+  }
+  return null;
+}"""
+# the open notebook at `path` as nbformat JSON
+NOTEBOOK_JS = """path => {
+  for (const w of window.jupyterapp.shell.widgets('main'))
+    if (w.context && w.context.path === path) return w.context.model.toJSON();
+}"""
+# what the notebook's panel shows: images (decoded or not), HTML blocks by class
+SHOWN_JS = """id => {
+  const panel = document.getElementById(id);
+  const outputs = panel.querySelectorAll('.jp-OutputArea-output');
+  return {images: Array.from(panel.querySelectorAll('.jp-OutputArea-output img'),
+                             i => [i.complete, i.naturalWidth]),
+          tokens: panel.querySelectorAll('.jp-OutputArea-output .ssa-tokens').length,
+          epochs: panel.querySelectorAll('.jp-OutputArea-output .ssa-epochs').length,
+          outputs: outputs.length};
+}"""
+
+
+def browser_or_skip(what: str):
+    """Playwright's sync API, or a one-line skip naming what to install; with CI=true a missing
+    browser fails `what` instead."""
+    missing = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "playwright is not installed: pip install -e '.[test]'"
+    if missing is None and not Path(CHROMIUM).exists():
+        missing = f"no Chromium at {CHROMIUM}: apt-get install chromium"
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{what} must run in CI: {missing}")
+        pytest.skip(missing)
+    return sync_playwright
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lab_environment(tmp: Path, env: dict[str, str]) -> dict[str, str]:
+    """The server's (and so its kernels') environment: `env` over this process's, every Jupyter
+    and IPython folder under `tmp`, with the page config and user settings above written there."""
+    dirs = {name: tmp / name for name in ("config", "data", "runtime", "ipython")}
+    labconfig = dirs["config"] / "labconfig"
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": dict.fromkeys(DISABLED_PLUGINS, True)}))
+    for plugin, values in SETTINGS.items():
+        path = tmp / "settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    return {**os.environ, "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+            "JUPYTER_DATA_DIR": str(dirs["data"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+            "IPYTHONDIR": str(dirs["ipython"]), **env}
+
+
+@contextlib.contextmanager
+def lab_server(root: Path, tmp: Path, env: dict[str, str], timeout: float = 90.0):
+    """`python -m jupyterlab` serving `root` on a free localhost port, from this interpreter's
+    venv, until it answers; yields its base URL. Stopped at the end with its kernels (they
+    are in its process group)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={TOKEN}",
+           f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
+           "--LabApp.expose_app_in_browser=True",
+           f"--LabApp.user_settings_dir={tmp / 'settings'}",
+           f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+           f"--FileContentsManager.checkpoints_kwargs={{'root_dir': '{tmp / 'checkpoints'}'}}",
+           f"--ServerApp.jpserver_extensions={SERVER_EXTENSIONS_OFF!r}"]
+    log = tmp / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(cmd, cwd=root, env=lab_environment(tmp, env), stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(server, f"{url}/api/status?token={TOKEN}", log, timeout)
+        yield url
+    finally:
+        _stop(server)
+
+
+def _wait_until_up(server: subprocess.Popen, status_url: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(status_url, timeout=2):
+                return
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            tail = "\n".join(log.read_text().splitlines()[-15:])
+            raise RuntimeError(f"JupyterLab did not answer at {status_url} "
+                               f"(exit {server.poll()}):\n{tail}")
+        time.sleep(0.1)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM to the server (it shuts its kernels down), then SIGKILL to its process group:
+    no kernel outlives the test."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
+class Lab:
+    """One browser page on JupyterLab, with notebooks opened in tabs as a person opens them."""
+
+    def __init__(self, page, url: str, folder: str = "notebooks"):
+        self.page, self.url, self.folder = page, url, folder
+        self.opened: list[str] = []
+
+    def path(self, name: str) -> str:
+        return f"{self.folder}/{name}.ipynb"
+
+    def state(self, name: str) -> dict | None:
+        return self.page.evaluate(STATE_JS, self.path(name))
+
+    def open(self, name: str) -> None:
+        """The first notebook by its URL (/lab/tree/...); the next ones by a double-click in
+        the file browser, each in a new tab."""
+        if not self.opened:
+            self.page.goto(f"{self.url}/lab/tree/{self.path(name)}?token={TOKEN}")
+            self.page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
+        else:
+            self.page.locator(".jp-DirListing-item", has_text=f"{name}.ipynb").dblclick()
+        self.opened.append(name)
+
+    def run_all(self, name: str, timeout: float = 120.0) -> None:
+        """Its tab to the front; once its kernel is idle (a Run All before the kernel is there
+        runs nothing), a click on its first cell and Run > Run All Cells."""
+        self.page.locator(".lm-TabBar-tab", has_text=f"{name}.ipynb").click()
+        handle = self.page.wait_for_function(
+            f"p => {{ const s = ({STATE_JS})(p); return s && s.ready && s.status === 'idle' "
+            f"&& s.id; }}", arg=self.path(name), polling=200, timeout=timeout * 1000)
+        panel = f"[id='{handle.json_value()}']"
+        self.page.locator(f"{panel} .jp-Cell .jp-InputPrompt").first.click()
+        self.page.get_by_role("menuitem", name="Run", exact=True).click()
+        self.page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+
+    def wait_done(self, name: str, deadline: float) -> dict:
+        """The notebook (nbformat JSON) once its kernel is idle and every code cell ran or one
+        raised (Run All stops there). A dialog, a dead kernel or the deadline (time.monotonic)
+        fails with what it shows."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+        done = (f"p => {{ const s = ({STATE_JS})(p); return s.dialog || s.status === 'dead' || "
+                f"s.status === 'idle' && (s.error || s.counts.every(n => n)); }}")
+        left = max(deadline - time.monotonic(), 1)
+        with contextlib.suppress(PlaywrightTimeout):
+            self.page.wait_for_function(done, arg=self.path(name), polling=500,
+                                        timeout=left * 1000)
+        state = self.state(name)
+        if state["dialog"]:
+            pytest.fail(f"{name}: JupyterLab shows a dialog: {state['dialog']}")
+        if state["status"] != "idle" or not (state["error"] or all(state["counts"])):
+            pytest.fail(f"{name}: not done (kernel {state['status']}, execution counts "
+                        f"{state['counts']})")
+        return self.page.evaluate(NOTEBOOK_JS, self.path(name))
+
+    def shown(self, name: str) -> dict:
+        return self.page.evaluate(SHOWN_JS, self.state(name)["id"])
+
+    def screenshot(self, name: str, path: Path, first: str = ".jp-OutputArea-output") -> None:
+        """Its tab to the front, scrolled to the first output matching `first`, as a PNG."""
+        self.page.locator(".lm-TabBar-tab", has_text=f"{name}.ipynb").click()
+        target = self.page.locator(f"[id='{self.state(name)['id']}'] {first}").first
+        if target.count():
+            target.evaluate("e => e.scrollIntoView({block: 'start'})")
+        self.page.screenshot(path=str(path))
+
+
+def errors(nb: dict) -> list[str]:
+    """Every error output of the notebook as "cell N: Name: value"."""
+    return [f"cell {i}: {o['ename']}: {o['evalue']}" for i, cell in enumerate(nb["cells"])
+            for o in cell.get("outputs", []) if o["output_type"] == "error"]
+
+
+def stderr_text(nb: dict) -> str:
+    return "".join(o["text"] if isinstance(o["text"], str) else "".join(o["text"])
+                   for cell in nb["cells"] for o in cell.get("outputs", [])
+                   if o["output_type"] == "stream" and o["name"] == "stderr")

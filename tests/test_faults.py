@@ -1,0 +1,362 @@
+"""Cluster faults, in one process with the tiny model: a run that keeps no checkpoint still
+resumes after a signal (no requeue loop); a signal inside SSA label generation, evaluation or
+test prediction stops the pass between two batches and the rerun ends as the uninterrupted
+run; a checkpoint of other hardware is refused in one line or resumed with a note; an RNG that
+accelerate failed to restore is an error; the epoch's last short gradient accumulation; fsync
+before every rename; stale temporary folders; threads from the job's CPUs."""
+import json
+import os
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from kit import io as kio
+from kit.config.run_config import RunConfig
+from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
+from kit.train import accel, loop, run_state
+from kit.train import step as kstep
+from kit.train.finetune import CheckpointError, fit
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(task="synthetic", model="tiny", method="bert", synthetic_size=160, lr=5e-3,
+            batch_size=16, epochs=2, report_to=("none",))
+
+pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing of the run runs after it."""
+
+
+def dies_at_step(monkeypatch, at: int) -> None:
+    """The loop's `at`-th training step (1-based) never returns, as under SIGKILL."""
+    calls, step = [], loop.train_step
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at:
+            raise Killed
+        return step(*args, **kwargs)
+    monkeypatch.setattr(loop, "train_step", wrapped)
+
+
+def signal_inside_pass(monkeypatch, which: str, after: int, signum=signal.SIGUSR1,
+                       rows: int | None = None) -> list:
+    """The process signals itself during batch `after` of the first inference pass whose
+    progress label holds `which` ("eval", "label generation") and, if given, that predicts
+    `rows` rows, as a scheduler's signal would land; returns how many batches each such pass
+    ran (a pass that heeds the signal stops after batch `after`)."""
+    real_pass, real_collate, ran = loop.predict_logits, kstep.collate, []
+    watching = []
+
+    def collate(*args, **kwargs):
+        if watching:
+            ran[-1] += 1
+            if len(ran) == 1 and ran[-1] == after:
+                os.kill(os.getpid(), signum)
+        return real_collate(*args, **kwargs)
+
+    def predict(model, examples, *args, **kwargs):
+        desc = args[3] if len(args) > 3 else kwargs.get("desc", "eval")
+        if which in desc and rows in (None, len(examples)):
+            ran.append(0)
+            watching.append(1)
+        try:
+            return real_pass(model, examples, *args, **kwargs)
+        finally:
+            watching.clear()
+    monkeypatch.setattr(kstep, "collate", collate)
+    monkeypatch.setattr(loop, "predict_logits", predict)
+    return ran
+
+
+def weights(cfg: RunConfig) -> bytes:
+    return (checkpoint_dir(run_dir_of(cfg)) / "best" / "model.safetensors").read_bytes()
+
+
+def history(cfg: RunConfig) -> pd.DataFrame:
+    return pd.read_csv(run_dir_of(cfg) / "history.csv").drop(columns="wall_s")
+
+
+# ---------------------------------------------------------------- 1. no requeue loop
+
+def test_a_run_without_save_checkpoints_resumes_after_a_signal_and_keeps_no_checkpoint(
+        tmp_path, monkeypatch, comparable):
+    """save_checkpoints: false used to stop with no checkpoint; the job script requeued it and
+    it started again from zero, forever. Now it resumes where it stopped, and checkpoint/ goes
+    once the run is recorded ok."""
+    settings = {**TINY, "save_checkpoints": False}
+    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
+    straight = fit(straight_cfg)
+    assert not checkpoint_dir(run_dir_of(straight_cfg)).exists()
+    calls, step = [], loop.train_step
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 14:                      # batch 4 of epoch 2 (10 batches an epoch)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return step(*args, **kwargs)
+    monkeypatch.setattr(loop, "train_step", signalled)
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
+    with pytest.raises(RunPreempted):
+        fit(cfg)
+    stopped = read_metrics(run_dir_of(cfg))["preempted"]
+    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, 4, "training")
+    assert stopped["checkpoint"] == str(checkpoint_dir(run_dir_of(cfg)) / "last")
+    resumed = fit(cfg)
+    assert resumed["resumed_inside_epoch"] == {"epoch": 1, "position": 4}
+    assert comparable(resumed) == comparable(straight)
+    assert history(cfg).equals(history(straight_cfg))
+    assert not checkpoint_dir(run_dir_of(cfg)).exists()
+
+
+# ---------------------------------------------------------------- 2. stops inside a pass
+
+def test_a_signal_during_evaluation_stops_within_the_pass_and_the_rerun_evaluates_again(
+        tmp_path, monkeypatch, comparable):
+    settings = {**TINY, "eval_batch_size": 8}           # 40 dev rows: 5 batches
+    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
+    straight = fit(straight_cfg)
+    ran = signal_inside_pass(monkeypatch, "eval", after=2)
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
+    with pytest.raises(RunPreempted):
+        fit(cfg)
+    assert ran == [2]                         # 2 batches of 5, then the stop
+    stopped = read_metrics(run_dir_of(cfg))["preempted"]
+    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (1, 10, "evaluation")
+    assert stopped["checkpoint"] is not None
+    monkeypatch.undo()
+    resumed = fit(cfg)
+    assert resumed["resumed_inside_epoch"] == {"epoch": 0, "position": 10}
+    assert comparable(resumed) == comparable(straight)
+    assert history(cfg).equals(history(straight_cfg))
+    assert weights(cfg) == weights(straight_cfg)
+
+
+def test_a_signal_during_ssa_label_generation_stops_within_the_pass_and_the_labels_are_drawn_again(
+        tmp_path, monkeypatch, comparable):
+    settings = {**TINY, "method": "ssa-h", "eval_batch_size": 16}   # 160 rows probed: 10 batches
+    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
+    straight = fit(straight_cfg)
+    ran = signal_inside_pass(monkeypatch, "label generation", after=3, signum=signal.SIGTERM)
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
+    with pytest.raises(RunPreempted):
+        fit(cfg)
+    assert ran == [3]                         # 3 batches of 10, then the stop
+    stopped = read_metrics(run_dir_of(cfg))["preempted"]
+    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, 0, "label generation")
+    assert stopped["signal"] == "SIGTERM" and stopped["checkpoint"] is not None
+    monkeypatch.undo()
+    resumed = fit(cfg)
+    assert resumed["resumed_after_epoch"] == 0 and resumed["resumed_inside_epoch"] is None
+    assert comparable(resumed) == comparable(straight)           # the SSA label stats too
+    assert weights(cfg) == weights(straight_cfg)
+
+
+def test_a_signal_during_test_prediction_of_a_run_without_checkpoints_resumes_to_the_same_file(
+        tmp_path, monkeypatch):
+    """A Kaggle-style run (csv_test_path) without save_checkpoints predicts the test with its
+    best epoch's weights: kept on disk while it runs, so the rerun after a stop in the test pass
+    predicts with the same weights."""
+    pairs = pd.read_csv(REPO / "tests" / "fixtures" / "stsb_pairs.csv")
+    test = tmp_path / "test.csv"
+    pairs.drop(columns="score").iloc[:30].to_csv(test, index=False)
+    settings = dict(task="csv", csv_path=str(REPO / "tests" / "fixtures" / "stsb_pairs.csv"),
+                    csv_text_columns=("sentence1", "sentence2"), csv_target="score",
+                    csv_test_path=str(test), n_folds=2, model="tiny", epochs=2, lr=1e-3,
+                    max_train_examples=48, eval_batch_size=8, save_checkpoints=False,
+                    report_to=("none",))
+    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
+    fit(straight_cfg)
+    ran = signal_inside_pass(monkeypatch, "eval", after=1, rows=30)     # the test's 30 rows
+    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
+    with pytest.raises(RunPreempted):
+        fit(cfg)
+    assert ran == [1]                         # the first of 4 batches, then the stop
+    stopped = read_metrics(run_dir_of(cfg))["preempted"]
+    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, None, "test prediction")
+    assert not (run_dir_of(cfg) / "submission.csv").exists()
+    monkeypatch.undo()
+    assert fit(cfg)["resumed_after_epoch"] == 1
+    assert ((run_dir_of(cfg) / "submission.csv").read_bytes()
+            == (run_dir_of(straight_cfg) / "submission.csv").read_bytes())
+    assert not checkpoint_dir(run_dir_of(cfg)).exists()
+
+
+# ---------------------------------------------------------------- 7. other hardware
+
+def killed_after_epoch_0(tmp_path, monkeypatch, **extra) -> RunConfig:
+    """A run killed at the first step of epoch 1: its checkpoint is epoch 0's end."""
+    cfg = RunConfig(**{**TINY, **extra}, outputs_dir=str(tmp_path / "killed"))
+    dies_at_step(monkeypatch, 11)
+    with pytest.raises(Killed):
+        fit(cfg)
+    monkeypatch.undo()
+    return cfg
+
+
+def rewrite_progress(cfg: RunConfig, **written_on) -> Path:
+    last = checkpoint_dir(run_dir_of(cfg)) / "last"
+    state = json.loads((last / "progress.json").read_text())
+    state["written_on"].update(written_on)
+    (last / "progress.json").write_text(json.dumps(state))
+    return last
+
+
+def test_a_checkpoint_of_other_hardware_is_refused_in_one_line(tmp_path, monkeypatch):
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+    last = checkpoint_dir(run_dir_of(cfg)) / "last"
+    written_on = json.loads((last / "progress.json").read_text())["written_on"]
+    assert written_on == {"precision": "no", "device": "cpu", "processes": 1}
+    rewrite_progress(cfg, precision="bf16")
+    with pytest.raises(CheckpointError) as err:
+        fit(cfg)
+    assert str(err.value) == (
+        f"{last} was written with bf16 on cpu x1; this run has fp32 on cpu x1 (mixed_precision "
+        "auto resolves per machine): resume it on hardware like that, set "
+        "resume_on_other_hardware: true to resume anyway (not bit-exact), or delete that folder "
+        "to restart the run from scratch")
+    rewrite_progress(cfg, precision="no", device="cuda", processes=4)
+    with pytest.raises(CheckpointError, match=r"was written with fp32 on cuda x4; this run has "
+                                              r"fp32 on cpu x1: resume it on hardware like that "
+                                              r"\(--processes 4\), set resume_on_other_"):
+        fit(cfg)
+
+
+def test_resume_on_other_hardware_goes_on_and_notes_it(tmp_path, monkeypatch, comparable):
+    """Allowed, a checkpoint said to be of 2 processes (DDP's `module.` weight names, a second
+    RNG file) resumes here in one; as it really came from this machine, the run still ends as the
+    uninterrupted one, which shows every weight was loaded under its DDP name."""
+    from safetensors.torch import load_file, save_file
+    straight = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "straight")))
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+    last = rewrite_progress(cfg, processes=2)
+    model = last / "model.safetensors"
+    save_file({f"module.{k}": v for k, v in load_file(model).items()}, model)
+    (last / "random_states_1.pkl").write_bytes((last / "random_states_0.pkl").read_bytes())
+    resumed = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "killed"),
+                            resume_on_other_hardware=True))
+    assert resumed["resumed_on_other_hardware"] == [
+        f"{last} was written with fp32 on cpu x2; this run has fp32 on cpu x1: resumed there "
+        "(resume_on_other_hardware), not bit for bit"]
+    assert read_metrics(run_dir_of(cfg))["resumed_on_other_hardware"] == \
+        resumed["resumed_on_other_hardware"]
+    assert comparable(resumed) == comparable(straight)
+    assert straight["resumed_on_other_hardware"] == []
+
+
+def test_an_rng_state_accelerate_failed_to_restore_is_an_error(tmp_path, monkeypatch):
+    """accelerate's load_state swallows a failed RNG restore (a log line at INFO); the run
+    would go on with other dropout masks."""
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+
+    def fails(state):
+        raise RuntimeError("no such generator")
+    monkeypatch.setattr(torch, "set_rng_state", fails)
+    with pytest.raises(CheckpointError, match="random number generator states were not "
+                                              "restored .*resume_on_other_hardware: true"):
+        fit(cfg)
+
+
+# ---------------------------------------------------------------- 8. accumulation, crashes
+
+def test_the_epochs_last_short_accumulation_steps_so_a_resume_is_exact(tmp_path, monkeypatch,
+                                                                      comparable):
+    """grad_accum 2 over 5 batches an epoch: the epoch's fifth batch is an update of its own
+    (weighted as one), in the uninterrupted run as in one resumed from epoch 0's end."""
+    settings = dict(synthetic_size=80, grad_accum=2)
+    straight_cfg = RunConfig(**{**TINY, **settings}, outputs_dir=str(tmp_path / "straight"))
+    straight = fit(straight_cfg)
+    cfg = RunConfig(**{**TINY, **settings}, outputs_dir=str(tmp_path / "killed"))
+    dies_at_step(monkeypatch, 6)                     # epoch 1's first batch
+    with pytest.raises(Killed):
+        fit(cfg)
+    monkeypatch.undo()
+    resumed = fit(cfg)
+    assert resumed["resumed_after_epoch"] == 0
+    assert comparable(resumed) == comparable(straight)
+    assert weights(cfg) == weights(straight_cfg)
+
+
+def test_stale_temporary_folders_of_a_killed_run_go_when_it_resumes(tmp_path):
+    cfg = RunConfig(**{**TINY, "epochs": 1, "synthetic_size": 32},
+                    outputs_dir=str(tmp_path))
+    folder = checkpoint_dir(run_dir_of(cfg))
+    stale = [folder / ".epoch0.k2j4_x.tmp", folder / ".epoch0.k2j4_x.old", folder / "last.tmp"]
+    for path in stale:
+        path.mkdir(parents=True)
+        (path / "set0.npz").write_bytes(b"half an epoch")
+    fit(cfg)
+    assert sorted(p.name for p in folder.iterdir()) == ["best", "last"]
+
+
+def fsync_log(monkeypatch) -> list:
+    """Record os.fsync (by path), os.replace and os.rename, in order."""
+    log = []
+    for name in ("fsync", "replace", "rename"):
+        real = getattr(os, name)
+
+        def wrapped(*args, _real=real, _name=name):
+            if _name == "fsync":
+                log.append(("fsync", Path(os.readlink(f"/proc/self/fd/{args[0]}")).name))
+            else:
+                log.append((_name, Path(args[0]).name, Path(args[1]).name))
+            return _real(*args)
+        monkeypatch.setattr(os, name, wrapped)
+    return log
+
+
+def test_files_reach_the_disk_before_they_are_renamed_into_place(tmp_path, monkeypatch):
+    log = fsync_log(monkeypatch)
+    kio.write_json(tmp_path / "metrics.json", {"status": "ok"})
+    tmp = log[1][1]
+    assert tmp.startswith(".metrics.json.") and log == [
+        ("fsync", tmp), ("replace", tmp, "metrics.json"), ("fsync", tmp_path.name)]
+
+    log.clear()                                     # a checkpoint swapped in over the old one
+    (tmp_path / "last").mkdir()
+    (tmp_path / "last.tmp" / "sub").mkdir(parents=True)
+    (tmp_path / "last.tmp" / "model.safetensors").write_bytes(b"w")
+    (tmp_path / "last.tmp" / "sub" / "x").write_bytes(b"x")
+    run_state._swap_in(None, tmp_path / "last")
+    assert log == [("fsync", "x"), ("fsync", "sub"), ("fsync", "model.safetensors"),
+                   ("fsync", "last.tmp"), ("rename", "last", "last.old"),
+                   ("rename", "last.tmp", "last"), ("fsync", tmp_path.name)]
+
+    log.clear()                                     # an epoch's examples (kit.io.atomic_dir)
+    with kio.atomic_dir(tmp_path / "epoch1") as folder:
+        (folder / "plan.npz").write_bytes(b"p")
+    assert [e[0] for e in log] == ["fsync", "fsync", "rename", "fsync"]
+    assert log[0] == ("fsync", "plan.npz") and log[2][2] == "epoch1"
+
+
+# ---------------------------------------------------------------- 8d. threads
+
+def test_threads_come_from_the_jobs_cpus_not_the_nodes(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
+    assert accel.cpu_threads() == 8 and accel.cpu_threads(2) == 4 and accel.cpu_threads(16) == 1
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    assert accel.cpu_threads() == 6 and accel.cpu_threads(4) == 1
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "")      # set but empty: the affinity
+    assert accel.cpu_threads(3) == 2
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")          # torchrun: 2 processes on this node
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    accel.limit_threads()
+    assert set_to == [3]
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")         # the user's own setting stands
+    accel.limit_threads()
+    assert set_to == [3]
+
+
+def test_no_module_takes_its_threads_from_the_nodes_core_count():
+    hits = [str(p.relative_to(REPO)) for p in (REPO / "kit").rglob("*.py")
+            if "cpu_count()" in p.read_text() and p.name not in ("accel.py", "doctor.py")]
+    assert not hits             # accel.cpu_threads' fallback; the doctor prints the machine's

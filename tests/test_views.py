@@ -1,0 +1,215 @@
+"""The notebooks' views of one trained run: SSA on the tokens (kit.results.token_html: the saved
+labels, the checkpoint's P(important) and attention, as HTML, and the report's token section),
+the model's dev predictions (kit.results.model_view, through kit.predict), and the figure kinds
+listed once (kit.config.profiles.FIGURES). One tiny SSA-H run trained once for the module."""
+import json
+import re
+
+import matplotlib
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit import runs
+from kit.config.profiles import FIGURES, load_profile
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data import synthetic
+from kit.predict import predict
+from kit.results import figures, model_view, page, profile_outputs, token_html
+from kit.results.token_view import token_scores
+
+matplotlib.use("Agg")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CUE_WORDS = set(synthetic.POSITIVE + synthetic.NEGATIVE + synthetic.NEGATIONS)
+POINT = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=200, epochs=2,
+             lr=5e-3, save_labels=True, report_to=("none",))
+SPAN = re.compile(r'<span style="display:inline-block;padding:0 3px;[^"]*'
+                  r'background-color:(#[0-9a-f]{6});color:#[0-9a-f]{6};border-bottom:([^"]*)" '
+                  r'title="[^"]*">([^<]*)</span>')
+
+
+@pytest.fixture(scope="module")
+def ssa_run(tmp_path_factory):
+    """A finished tiny SSA-H run on the synthetic task: best checkpoint, SSA labels saved."""
+    from kit.train.finetune import fit
+    out = tmp_path_factory.mktemp("views")
+    cfg = RunConfig(**POINT, outputs_dir=str(out))
+    assert fit(cfg)["status"] == "ok"
+    return runs.run_dir_of(cfg)
+
+
+def spans(text: str) -> list[tuple[str, bool, str]]:
+    """(background, underlined as a cue, word-piece) of every word-piece in a view's HTML."""
+    return [(bg, border == token_html.CUE, token) for bg, border, token in SPAN.findall(text)]
+
+
+# ---------------------------------------------------------------- SSA on the tokens
+
+def test_the_labels_view_is_the_saved_labels(ssa_run):
+    view = token_html.show_tokens(ssa_run, n=4)
+    assert view.by == "labels" and view._repr_html_() == view.html
+    saved = list(runs.read_saved_labels(ssa_run))[-1]
+    rows, rule = saved["epoch_set"], saved["stats"]["rule"]
+    assert rule == "paper" and f"epoch {saved['stats']['epoch']} (paper rule" in view.title
+    probed = [i for i, labels in enumerate(rows["ssa_labels"]) if (labels >= 0).any()][:4]
+    tokenizer = token_html.run_tokenizer(ssa_run, runs.read_config(ssa_run))
+    frame = view.frame
+    for sid, row in enumerate(probed):
+        real = ~rows["special"][row].astype(bool)
+        got = frame[frame["sentence_id"] == sid]
+        assert got["token"].tolist() == tokenizer.convert_ids_to_tokens(
+            rows["input_ids"][row][real].tolist())
+        labels = rows["ssa_labels"][row][real]
+        np.testing.assert_array_equal(got["value"], np.where(labels >= 0, labels, np.nan))
+        np.testing.assert_array_equal(got["cue"], rows["importance"][row][real])
+        gold = ("negative", "positive")[rows["labels"][row]]
+        assert set(got["label"]) == {gold} and set(got["prediction"]) == {f"{gold} (probe)"}
+    # the HTML: every word-piece in order, coloured by its label, cue words underlined
+    shown = spans(view.html)
+    assert [t for _, _, t in shown] == frame["token"].tolist()
+    colours = {1.0: "#fd8d3c", 0.0: "#9ecae1"}
+    assert [bg for bg, _, _ in shown] == [colours.get(v, "#ffffff") for v in frame["value"]]
+    assert [cue for _, cue, _ in shown] == (frame["cue"] == 1).tolist()
+    assert frame.loc[frame["cue"] == 1, "token"].isin(CUE_WORDS).all()
+    for legend in ("SSA label: ", ">1 important<", ">0<", ">not labelled<", ">true cue word<"):
+        assert legend in view.html
+
+
+def test_the_checkpoint_views_of_dev_sentences(ssa_run):
+    view = token_html.show_tokens(ssa_run, n=5, by="p_important")
+    frame = view.frame
+    dev = synthetic.generate(False, 50, "dev")
+    scores = token_scores(ssa_run, dev.text_a[:5], max_length=128)
+    assert frame["token"].tolist() == scores["token"].tolist()
+    np.testing.assert_array_equal(frame["value"], scores["p_important"])
+    # the true cue words are the cue lists' words (distractors never are one), each marked
+    assert (frame["cue"] == 1).tolist() == frame["token"].isin(CUE_WORDS).tolist()
+    names = {0: "negative", 1: "positive"}
+    assert frame.groupby("sentence_id")["label"].first().tolist() == [
+        names[y] for y in dev.labels[:5]]
+    assert frame.groupby("sentence_id")["prediction"].first().tolist() == \
+        scores.groupby("sentence_id")["prediction"].first().tolist()
+    assert len(re.findall(r"<tr>", view.html)) == 6          # the header and 5 sentences
+    assert [bg for bg, _, _ in spans(view.html)] == [
+        token_html.colour("p_important", v) for v in frame["value"]]
+    # attention: scaled to each sentence's largest weight; your own sentences, a pair's marker
+    mine = token_html.show_tokens(ssa_run, by="attention", sentences=["a good movie", "not bad"])
+    assert mine.frame.groupby("sentence_id")["value"].max().tolist() == [1.0, 1.0]
+    assert mine.frame["cue"].isna().all() and "true cue word" not in mine.html
+    assert "your sentences" in mine.title
+
+
+def test_colours_and_the_auto_view(ssa_run, tmp_path):
+    assert token_html.colour("p_important", 0.5) == "#f2aa86"      # halfway from white
+    assert token_html.colour("p_important", 1.0) == "#e6550d"
+    assert token_html.colour("attention", 0.0) == "#ffffff"
+    assert token_html.colour("attention", 1.0) == "#3182bd"
+    assert token_html.colour("labels", np.nan) == "#ffffff"
+    frame = pd.DataFrame({"sentence_id": [0, 0, 0], "position": [0, 1, 2],
+                          "token": ["red", "<b>", "sky"], "value": [0.0, 0.5, 1.0],
+                          "cue": [1.0, 0.0, 0.0], "segment": [0, 1, 1], "label": ["same"] * 3,
+                          "prediction": ["different"] * 3, "confidence": [0.75] * 3})
+    text = token_html.render(frame, "attention", "t")
+    assert spans(text) == [("#ffffff", True, "red"), ("#98c0de", False, "&lt;b&gt;"),
+                           ("#3182bd", False, "sky")]
+    assert text.count("‖") == 1 and ">different (0.75)<" in text and ">same<" in text
+    assert "<style" not in text and "<script" not in text
+    # auto: labels when saved; else P(important) for a token-head method; else attention
+    assert token_html.pick_view(ssa_run) == "labels"
+    assert token_html.pick_view(ssa_run, own_sentences=True) == "p_important"
+    config = runs.read_config(ssa_run)
+    for method, view in (("ssa-co", "p_important"), ("bert", "attention")):
+        folder = tmp_path / method
+        folder.mkdir()
+        runs.config_path(folder).write_text(json.dumps({**config, "method": method}))
+        assert token_html.pick_view(folder) == view
+    nothing = token_html.show_tokens(tmp_path / "bert")      # no checkpoint, no labels: a line
+    assert nothing.frame.empty and "no token view: the run kept no checkpoint" in nothing.html
+    with pytest.raises(ValueError, match="no saved SSA labels: they exist for ssa-co / ssa-h"):
+        token_html.show_tokens(tmp_path / "bert", by="labels")
+    with pytest.raises(ValueError, match="by='nope'; choose auto, labels, p_important"):
+        token_html.show_tokens(ssa_run, by="nope")
+
+
+def test_the_report_shows_the_token_section_of_runs_with_saved_labels(ssa_run, tmp_path,
+                                                                      monkeypatch):
+    """page.build's HTML, its notebooks rendered by a stand-in (nbconvert's page is
+    tests/test_report_page.py's)."""
+    out = ssa_run.parent.parent                            # <outputs>/runs/<run_id>
+    path = tmp_path / "tokens.yaml"
+    path.write_text("report: true\ngrid:\n" + "".join(
+        f"  {k}: {json.dumps(v)}\n" for k, v in POINT.items()))
+    profile = load_profile(str(path), str(out))
+    assert runs.run_dir_of(RunConfig.from_dict(profile.points[0])) == ssa_run
+
+    def execute(notebook, output, parameters):          # no kernel: a stand-in notebook
+        nbformat.write(nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_markdown_cell(f"# {notebook.stem}")]), output)
+    monkeypatch.setattr(page, "render", lambda notebooks, title, exclude_input: (
+        "<html><body><main><h1>results</h1></main></body></html>"))
+    text = page.build(profile, out, execute).read_text()
+    section = re.search(r'<section id="kit-tokens".*?</section>', text, re.S)[0]
+    assert text.index(section) > text.index("<h1>results</h1>")   # below the notebooks
+    assert text.index(section) < text.index("</main>")
+    assert "SSA on the tokens" in section and ssa_run.name in section
+    view = token_html.label_tokens(ssa_run, token_html.REPORT_SENTENCES)
+    assert view.html in section
+    assert page.remote_references(text) == []
+    assert token_html.report_section([tmp_path]) == ""        # no labels saved: no section
+
+
+# ---------------------------------------------------------------- the trained model
+
+def test_dev_predictions_are_kit_predicts(ssa_run):
+    frame = model_view.dev_predictions(ssa_run, predict)
+    dev = synthetic.generate(False, 50, "dev")
+    assert frame.columns.tolist() == ["sentence", "label", "prediction", "confidence", "correct",
+                                      "prob_negative", "prob_positive"]
+    assert frame["sentence"].tolist() == dev.text_a
+    assert frame["label"].tolist() == [("negative", "positive")[y] for y in dev.labels]
+    expected = predict(ssa_run, dev.text_a)
+    pd.testing.assert_frame_equal(frame[expected.columns], expected)
+    assert frame["confidence"].tolist() == expected[["prob_negative", "prob_positive"]].max(
+        axis=1).tolist()
+    assert frame.attrs == {"task": "synthetic", "split": "dev", "regression": False,
+                           "pair": False, "run_id": ssa_run.name}
+    assert len(model_view.dev_predictions(ssa_run, predict, max_rows=7)) == 7
+    errors = model_view.surest_errors(frame, 5)
+    assert (~errors["correct"]).all() and len(errors) == min(5, (~frame["correct"]).sum())
+    assert errors["confidence"].is_monotonic_decreasing
+    assert errors["confidence"].iloc[0] == frame.loc[~frame["correct"], "confidence"].max()
+    table = model_view.confusion(frame)
+    assert table.index.tolist() == table.columns.tolist() == ["negative", "positive"]
+    for (label, prediction), count in frame.groupby(["label", "prediction"]).size().items():
+        assert table.loc[label, prediction] == count
+    assert table.to_numpy().sum() == len(frame)
+
+
+def test_regression_errors_and_their_plot():
+    frame = pd.DataFrame({"label": [1.0, 2.0, 3.0, 4.0], "prediction": [1.5, 0.0, 3.0, 4.5]})
+    frame["error"] = frame["prediction"] - frame["label"]
+    # |-2| first, then a tie of |0.5|: in row order
+    assert model_view.surest_errors(frame, 3).index.tolist() == [1, 0, 3]
+    ax = model_view.plot_regression(frame)
+    assert ax.get_xlabel() == "label" and len(ax.collections[0].get_offsets()) == 4
+    r = np.corrcoef(frame["label"], frame["prediction"])[0, 1]
+    assert ax.get_title().endswith(f"Pearson r = {r:.3f}")
+
+
+# ---------------------------------------------------------------- figure kinds, listed once
+
+def test_figure_kinds_are_listed_once_and_checked_when_a_profile_loads(tmp_path):
+    assert set(profile_outputs.DRAW) == set(FIGURES) == set(page.FIGURE_NOTEBOOKS)
+    assert all(callable(getattr(figures, name)) for name in profile_outputs.DRAW.values())
+    assert all((page.PROJECT / "notebooks" / f"{nb}.ipynb").exists()
+               for nb in page.FIGURE_NOTEBOOKS.values())
+    path = tmp_path / "f.yaml"
+    path.write_text("figures: [label-quality, costs]\ngrid:\n  task: synthetic\n")
+    with pytest.raises(ConfigError) as err:
+        load_profile(str(path))
+    assert str(err.value) == (f"{path}: unknown figure 'costs' in `figures:`; choose from "
+                              "label-quality, cost, gamma")
+    path.write_text("figures: gamma\ngrid:\n  task: synthetic\n")
+    assert load_profile(str(path)).figures == ("gamma",)
