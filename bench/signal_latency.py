@@ -24,6 +24,7 @@ at the flag (plus, in evaluation, the end-of-epoch checkpoint).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import statistics
@@ -40,7 +41,7 @@ QUICK = {"task": "RTE", "max_train": 64, "probe_rows": 128}
 
 def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
-    parser.set_defaults(task="SST-2", max_train=256, epochs=2)
+    parser.set_defaults(task="SST-2", max_train=128, epochs=2)
     parser.add_argument("--eval-batch-size", type=int, default=128,
                         help="rows per evaluation / probing batch (the kit's default)")
     parser.add_argument("--probe-rows", type=int, default=1024,
@@ -58,7 +59,7 @@ def main() -> None:
     results = [scenario(args, name) for name in args.scenarios.split(",")]
     print(common.markdown_table(
         ["signal during", "pass: batches (rows)", "signal in batch", "one batch s",
-         "signal -> exit s", "of which checkpoint s", "rest of the pass s (waited before)"],
+         "signal -> exit s", "of which checkpoint s", "batches after the signal's, s"],
         [[r["during"], f"{r['batches']} ({r['rows']})", r["signal_batch"], r["batch_s"],
           r["latency_s"], r["checkpoint_s"], r["rest_of_pass_s"]] for r in results]))
     common.dump_json(args.json, {**meta, "settings": vars(args), "results": results})
@@ -68,11 +69,12 @@ def scenario(args, name: str) -> dict:
     """One stopped run: the signal inside the pass `name` names; its timings."""
     from kit.runs import RunPreempted, read_metrics, run_dir_of
     from kit.train.finetune import fit
-    method = "ssa-h" if name == "labels" else "bert"
-    extra = dict(ssa_start_epoch=0, max_train_examples=args.probe_rows) if name == "labels" else {}
+    labels = name == "labels"
     outputs = tempfile.mkdtemp(prefix=f"signal-{name}-", dir=args.workdir)
-    cfg = common.kit_config(args, outputs, method=method, eval_batch_size=args.eval_batch_size,
-                            report_to=("none",), **extra)
+    cfg = common.kit_config(
+        argparse.Namespace(**{**vars(args), "max_train": args.probe_rows}) if labels else args,
+        outputs, method="ssa-h" if labels else "bert", eval_batch_size=args.eval_batch_size,
+        report_to=("none",), **({"ssa_start_epoch": 0} if labels else {}))
     watch = Watch(name, args.at)
     if name == "train":                  # epoch 0's steps: its rows in batches
         watch.rows, watch.total = args.max_train, -(-args.max_train // args.batch_size)

@@ -227,10 +227,11 @@ class Forwarder:
     """The batch's side of a preemption (kit.train.preemption has the run's). The first SIGTERM,
     SIGUSR1 or SIGINT is noted (`received`: the batch starts no new point) and passed on, as
     that signal, to the point that runs. The handler only notes it; a thread passes it on, and
-    again every RESEND_S, until the point's run has recorded its end: a signal that lands while
-    a kernel starts, between two cells (an idle kernel ignores it) or before the batch has
-    handed the point over is not lost, and one that lands after fit() has recorded a finished
-    run is not passed on (the notebook's last cells run to their end). torchrun gets it once."""
+    again every RESEND_S, until the point's run has recorded its end: one that reaches a kernel
+    between two cells or in the cells before fit() (which ignore SIGUSR1 and SIGTERM: ARM) gets
+    to fit() as soon as it runs, and one that lands after fit() has recorded a finished run is
+    not passed on (the notebook's last cells run to their end). torchrun gets it once. The batch
+    itself checks `received` before a point and once its kernel is ready (kit.batch)."""
 
     def __init__(self):
         self.received: str | None = None

@@ -10,9 +10,9 @@ fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (
 `tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
 line on error, exit 2), then run by kit.batch.execute: a finished run is reused (one line says
 when and at which commit it was trained) unless `rerun=true` (`--rerun`) trains it again, its
-old results kept until the new run ends ok; a failed run is recorded in its metrics.json (exit 1). `--notebook NAME` picks another notebook in
-notebooks/ (default: finetune; multitask for embert/gated; kaggle_csv for a k-fold CSV run;
-pretrain for method mlm).
+old results kept until the new run ends ok; a failed run is recorded in its metrics.json (exit
+1). `--notebook NAME` picks another notebook in notebooks/ (default: finetune; multitask for
+embert/gated; kaggle_csv for a k-fold CSV run; pretrain for method mlm).
 """
 from __future__ import annotations
 
@@ -133,11 +133,12 @@ def rerun(profile: Profile, params: dict, cfg: RunConfig) -> tuple[str, str]:
             return "skipped", "running in another process"
         runs.begin(cfg)
     status, detail = batch.execute(profile, {**params, "rerun": False})
+    got = False
     if status in ("ok", "failed"):
         with runs.lock(cfg) as got:
             if got:              # (else another process trains it now: its frame settles it)
                 runs.end_rerun(cfg, ok=status == "ok")
-    return status, detail + ("; the finished run is kept" if status == "failed" else "")
+    return status, detail + ("; the finished run is kept" if status == "failed" and got else "")
 
 
 def summary(status: str, detail: str, cfg: RunConfig) -> str:

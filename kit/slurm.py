@@ -6,11 +6,10 @@ job of several nodes that runs every point on all of them.
         [--signal-grace S] [--max-requeues R] [--sbatch 'LINE' ...] [--outputs DIR] [--dry-run]
 
 The grid is frozen at submission (kit.config.grids: OUTPUTS/slurm/grid-<hash>/<profile>.yaml,
-which the tasks read instead of the live YAML; a shard takes whole chains of points), the job
-script written to OUTPUTS/slurm/<profile>.sbatch and sbatch'ed (--dry-run prints it and submits
-nothing; the frozen grid it names is written). SLURM sends SIGUSR1 to a task's shell GRACE s
-before its time limit; the shell passes it to the batch, whose running point checkpoints and
-exits 75; the shell requeues its task (at most R times), which resumes it. docs/cluster.md.
+which the tasks read instead of the live YAML; a shard takes whole chains), the script written
+to OUTPUTS/slurm/<profile>.sbatch and sbatch'ed (--dry-run prints it and writes only the grid).
+SLURM sends SIGUSR1 to a task's shell GRACE s before its time limit; the shell passes it to the
+batch, whose point checkpoints, exits 75, and is requeued (at most R times). docs/cluster.md.
 """
 from __future__ import annotations
 
@@ -241,12 +240,11 @@ def check(args: argparse.Namespace, points: int, units: int) -> None:
     if args.gpus_per_task is not None and not GPUS.fullmatch(args.gpus_per_task):
         raise ConfigError(f"--gpus-per-task {args.gpus_per_task!r}: expected a count, or "
                           "TYPE:COUNT such as a100:1")
-    for option in ("cpus_per_task", "processes", "signal_grace", "max_parallel", "nodes"):
+    for option, least in (("cpus_per_task", 1), ("processes", 1), ("signal_grace", 1),
+                          ("max_parallel", 1), ("nodes", 1), ("max_requeues", 0)):
         value = getattr(args, option)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{option.replace('_', '-')} {value}: must be >= 1")
-    if args.max_requeues < 0:
-        raise ConfigError(f"--max-requeues {args.max_requeues}: must be >= 0")
+        if value is not None and value < least:
+            raise ConfigError(f"--{option.replace('_', '-')} {value}: must be >= {least}")
     if args.signal_grace > 65535:              # SLURM's limit for --signal's time
         raise ConfigError(f"--signal-grace {args.signal_grace}: at most 65535 s")
     if args.time is not None and args.signal_grace + EARLY_S >= time_limit_s(args.time):
@@ -333,9 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(array.profile).exists():
             kio.write_text(array.profile, grid)
         if dry_run:
-            print(text, end="")
-            print(f"dry run: nothing submitted; the script's frozen grid is {array.profile}",
-                  file=sys.stderr)
+            print(text + f"# (dry run: nothing submitted; {array.profile} is written)")
             return 0
         kio.write_text(array.script_path, text)
         job = submit(array.script_path)
@@ -343,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     logs = str(array.log_pattern).replace("%A", job).replace("%j", job).replace("%a", "*")
-    print(f"submitted job {'' if array.nodes > 1 else 'array '}{job}: "
-          f"{f'{array.nodes} nodes' if array.nodes > 1 else f'{array.tasks} task(s)'} of "
-          f"profile {array.name}; logs {logs}; watch: squeue -j {job}", flush=True)
+    shape = f"job {job}: {array.nodes} nodes" if array.nodes > 1 else \
+        f"job array {job}: {array.tasks} task(s)"
+    print(f"submitted {shape} of profile {array.name}; logs {logs}; watch: squeue -j {job}")
     return 0
 
 

@@ -188,6 +188,10 @@ class Lab:
     def __init__(self, page, url: str, folder: str = "notebooks"):
         self.page, self.url, self.folder = page, url, folder
         self.opened: list[str] = []
+        self.console_errors: list[str] = []       # the page's console errors and exceptions
+        page.on("console", lambda msg: msg.type == "error" and self.console_errors.append(
+            msg.text))
+        page.on("pageerror", lambda err: self.console_errors.append(str(err)))
 
     def path(self, name: str) -> str:
         return f"{self.folder}/{name}.ipynb"
@@ -239,13 +243,29 @@ class Lab:
     def shown(self, name: str) -> dict:
         return self.page.evaluate(SHOWN_JS, self.state(name)["id"])
 
-    def screenshot(self, name: str, path: Path, first: str = ".jp-OutputArea-output") -> None:
-        """Its tab to the front, scrolled to the first output matching `first`, as a PNG."""
+    def screenshot(self, name: str, path: Path, first: str, block: str = "start") -> None:
+        """Its tab to the front, scrolled to the cell of the first element matching `first`
+        (that cell at the top of the view: block "start", or at its bottom: "end"), as a
+        PNG."""
         self.page.locator(".lm-TabBar-tab", has_text=f"{name}.ipynb").click()
         target = self.page.locator(f"[id='{self.state(name)['id']}'] {first}").first
         if target.count():
-            target.evaluate("e => e.scrollIntoView({block: 'start'})")
+            target.evaluate(f"e => (e.closest('.jp-Cell') || e).scrollIntoView("
+                            f"{{block: '{block}'}})")
         self.page.screenshot(path=str(path))
+
+    def close_without_saving(self, name: str) -> bool:
+        """Close its tab as a person does (the tab's x) and answer JupyterLab's "Save your
+        work?" with Discard: True when it asked (the notebook had changed), False when not."""
+        tab = self.page.locator(".lm-TabBar-tab", has_text=f"{name}.ipynb")
+        tab.locator(".lm-TabBar-tabCloseIcon").click()
+        asked = self.page.wait_for_function(
+            f"p => document.querySelector('.jp-Dialog') ? 'asked' : !({STATE_JS})(p) && 'closed'",
+            arg=self.path(name), polling=100).json_value() == "asked"
+        if asked:
+            self.page.locator(".jp-Dialog button", has_text="Discard").click()
+        tab.wait_for(state="detached")
+        return asked
 
 
 def errors(nb: dict) -> list[str]:
@@ -254,7 +274,9 @@ def errors(nb: dict) -> list[str]:
             for o in cell.get("outputs", []) if o["output_type"] == "error"]
 
 
-def stderr_text(nb: dict) -> str:
+def stream_text(nb: dict, name: str) -> str:
+    """All the notebook's `name` stream ("stdout" or "stderr": JupyterLab paints the latter
+    red), in order."""
     return "".join(o["text"] if isinstance(o["text"], str) else "".join(o["text"])
                    for cell in nb["cells"] for o in cell.get("outputs", [])
-                   if o["output_type"] == "stream" and o["name"] == "stderr")
+                   if o["output_type"] == "stream" and o["name"] == name)

@@ -19,7 +19,7 @@ SCORES = {"bert": [0.80, 0.82, 0.84], "ssa-h": [0.85, 0.86, 0.90], "bert-mask": 
 
 def made_run(out, status="ok", score=None, **fields):
     """A run folder with config.json and metrics.json (best dev accuracy = score)."""
-    cfg = RunConfig(task="synthetic", model="tiny", outputs_dir=str(out), **fields)
+    cfg = RunConfig(**{"task": "synthetic", "model": "tiny", **fields}, outputs_dir=str(out))
     run_dir = runs.make_run_dir(cfg)
     runs.config_path(run_dir).write_text(json.dumps(cfg.to_dict()))
     dev = {"accuracy": score, "score": score}
@@ -69,17 +69,21 @@ def test_groups_by_the_fields_that_differ(tmp_path):
             for i, s in enumerate(scores)]
     dirs.append(made_run(tmp_path, score=0.5, method="bert", lr=1e-4, seed=2,
                          save_labels=True, log_every=3))           # not what is computed
-    assert differing_fields(load_runs(dirs)) == ["lr"]
     table = compare_runs(dirs)
     assert table["lr"].tolist() == ["lr=0.0001", "lr=0.0002"]
     assert table["n"].tolist() == [3, 2] and table.attrs["baseline"] == "lr=0.0001"
     assert table["score_mean"].tolist() == pytest.approx([0.6, 0.85])
     assert table["diff"].iloc[1] == pytest.approx(25.0)
     assert compare_runs(dirs[:2])["group"].tolist() == ["all runs"]     # seeds only: one group
-    with pytest.raises(ValueError, match="baseline 'x' is no group; groups: lr=0.0001, lr=0.0002"):
-        compare_runs(dirs, baseline="x")
+    # a field that differs only between tasks is their setting, not a group; method always is
+    pair = [made_run(tmp_path, score=0.9, task="synthetic-pair", method=m, lr=1e-4,
+                     max_length=64) for m in ("bert", "ssa-co")]
+    assert compare_runs(dirs[:2] + pair)["method"].tolist() == ["bert", "bert", "ssa-co"]
+    with pytest.raises(ValueError, match="baseline 'x' is no group; groups: bert, ssa-co"):
+        compare_runs(pair, baseline="x")
     with pytest.raises(ValueError, match=r"by=\['gama'\]: not a column of these runs"):
-        compare_runs(dirs, by=["gama"])
+        compare_runs(pair, by=["gama"])
+    assert differing_fields(load_runs(dirs)) == ["lr"]
 
 
 def test_the_latest_runs(tmp_path):

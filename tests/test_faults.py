@@ -21,7 +21,7 @@ from kit.train import step as kstep
 from kit.train.finetune import CheckpointError, fit
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(task="synthetic", model="tiny", method="bert", synthetic_size=160, lr=5e-3,
+TINY = dict(task="synthetic", model="tiny", method="bert", synthetic_size=96, lr=5e-3,
             batch_size=16, epochs=2, report_to=("none",))
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
@@ -96,7 +96,7 @@ def test_a_run_without_save_checkpoints_resumes_after_a_signal_and_keeps_no_chec
 
     def signalled(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 14:                      # batch 4 of epoch 2 (10 batches an epoch)
+        if len(calls) == 9:                       # batch 3 of epoch 2 (6 batches an epoch)
             os.kill(os.getpid(), signal.SIGUSR1)
         return step(*args, **kwargs)
     monkeypatch.setattr(loop, "train_step", signalled)
@@ -104,10 +104,10 @@ def test_a_run_without_save_checkpoints_resumes_after_a_signal_and_keeps_no_chec
     with pytest.raises(RunPreempted):
         fit(cfg)
     stopped = read_metrics(run_dir_of(cfg))["preempted"]
-    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, 4, "training")
+    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, 3, "training")
     assert stopped["checkpoint"] == str(checkpoint_dir(run_dir_of(cfg)) / "last")
     resumed = fit(cfg)
-    assert resumed["resumed_inside_epoch"] == {"epoch": 1, "position": 4}
+    assert resumed["resumed_inside_epoch"] == {"epoch": 1, "position": 3}
     assert comparable(resumed) == comparable(straight)
     assert history(cfg).equals(history(straight_cfg))
     assert not checkpoint_dir(run_dir_of(cfg)).exists()
@@ -117,20 +117,20 @@ def test_a_run_without_save_checkpoints_resumes_after_a_signal_and_keeps_no_chec
 
 def test_a_signal_during_evaluation_stops_within_the_pass_and_the_rerun_evaluates_again(
         tmp_path, monkeypatch, comparable):
-    settings = {**TINY, "eval_batch_size": 8}           # 40 dev rows: 5 batches
+    settings = {**TINY, "eval_batch_size": 8}           # 24 dev rows: 3 batches
     straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
     straight = fit(straight_cfg)
     ran = signal_inside_pass(monkeypatch, "eval", after=2)
     cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
     with pytest.raises(RunPreempted):
         fit(cfg)
-    assert ran == [2]                         # 2 batches of 5, then the stop
+    assert ran == [2]                         # 2 batches of 3, then the stop
     stopped = read_metrics(run_dir_of(cfg))["preempted"]
-    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (1, 10, "evaluation")
+    assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (1, 6, "evaluation")
     assert stopped["checkpoint"] is not None
     monkeypatch.undo()
     resumed = fit(cfg)
-    assert resumed["resumed_inside_epoch"] == {"epoch": 0, "position": 10}
+    assert resumed["resumed_inside_epoch"] == {"epoch": 0, "position": 6}
     assert comparable(resumed) == comparable(straight)
     assert history(cfg).equals(history(straight_cfg))
     assert weights(cfg) == weights(straight_cfg)
@@ -138,14 +138,14 @@ def test_a_signal_during_evaluation_stops_within_the_pass_and_the_rerun_evaluate
 
 def test_a_signal_during_ssa_label_generation_stops_within_the_pass_and_the_labels_are_drawn_again(
         tmp_path, monkeypatch, comparable):
-    settings = {**TINY, "method": "ssa-h", "eval_batch_size": 16}   # 160 rows probed: 10 batches
+    settings = {**TINY, "method": "ssa-h", "eval_batch_size": 16}   # 96 rows probed: 6 batches
     straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
     straight = fit(straight_cfg)
     ran = signal_inside_pass(monkeypatch, "label generation", after=3, signum=signal.SIGTERM)
     cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
     with pytest.raises(RunPreempted):
         fit(cfg)
-    assert ran == [3]                         # 3 batches of 10, then the stop
+    assert ran == [3]                         # 3 batches of 6, then the stop
     stopped = read_metrics(run_dir_of(cfg))["preempted"]
     assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, 0, "label generation")
     assert stopped["signal"] == "SIGTERM" and stopped["checkpoint"] is not None
@@ -191,7 +191,7 @@ def test_a_signal_during_test_prediction_of_a_run_without_checkpoints_resumes_to
 def killed_after_epoch_0(tmp_path, monkeypatch, **extra) -> RunConfig:
     """A run killed at the first step of epoch 1: its checkpoint is epoch 0's end."""
     cfg = RunConfig(**{**TINY, **extra}, outputs_dir=str(tmp_path / "killed"))
-    dies_at_step(monkeypatch, 11)
+    dies_at_step(monkeypatch, 7)
     with pytest.raises(Killed):
         fit(cfg)
     monkeypatch.undo()
@@ -310,6 +310,7 @@ def fsync_log(monkeypatch) -> list:
 
 
 def test_files_reach_the_disk_before_they_are_renamed_into_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSA_KIT_FSYNC", "1")          # the suite may turn flushing off
     log = fsync_log(monkeypatch)
     kio.write_json(tmp_path / "metrics.json", {"status": "ok"})
     tmp = log[1][1]

@@ -115,10 +115,10 @@ if outputs:
 
 
 def test_a_notebook_run_in_notebooks_writes_the_projects_outputs(tmp_path, run_notebook):
-    """kaggle_csv.ipynb as JupyterLab runs it: its kernel's folder is notebooks/, its paths
-    (the CSV fixtures, outputs) the relative defaults of its parameters cell; the outputs
-    folder is a temp $SSA_KIT_OUTPUTS. Nothing lands in notebooks/; the config is the cell's
-    plus papermill's `epochs` (the warm kernel's input history holds the earlier points too)."""
+    """finetune.ipynb as JupyterLab runs it: its kernel's folder is notebooks/ and its
+    outputs_dir the cell's relative default, here a temp $SSA_KIT_OUTPUTS. Nothing lands in
+    notebooks/; the config is the cell's (ssa-h, the tiny model) plus papermill's parameters
+    (the warm kernel's input history holds earlier notebooks' cells too)."""
     setup = tmp_path / "setup.ipynb"
     nbformat.write(nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell('folder = ""\noutputs = ""',
@@ -130,18 +130,18 @@ def test_a_notebook_run_in_notebooks_writes_the_projects_outputs(tmp_path, run_n
     out = tmp_path / "outputs"
     run_notebook(setup, tmp_path / "setup-out.ipynb", folder=str(NOTEBOOKS), outputs=str(out))
     try:
-        run_notebook(NOTEBOOKS / "kaggle_csv.ipynb", tmp_path / "kaggle.ipynb", epochs=1)
+        run_notebook(NOTEBOOKS / "finetune.ipynb", tmp_path / "finetune.ipynb", synthetic_size=64,
+                     epochs=1, batch_size=16, save_checkpoints=False)
     finally:
         run_notebook(setup, tmp_path / "setup-out.ipynb", folder=str(PROJECT),
                      outputs=os.environ.get(paths.OUTPUTS_ENV, ""))
     assert sorted(p.name for p in NOTEBOOKS.iterdir()) == before
     (run,) = runs.run_folders(out / "runs")
     config = json.loads(runs.config_path(run).read_text())
-    assert config["csv_path"] == "tests/fixtures/stsb_pairs.csv" and config["epochs"] == 1
-    assert config["outputs_dir"] == "outputs" and config["n_folds"] == 5
-    assert [e["epoch"] for e in json.loads(runs.metrics_path(run).read_text())["epochs"]] == [0]
-    assert (run / "submission.csv").exists()
-    assert (out / "submissions" / f"{run.name}-folds.csv").exists()
+    assert (config["method"], config["model"], config["lr"]) == ("ssa-h", "tiny", 0.003)
+    assert (config["synthetic_size"], config["epochs"], config["outputs_dir"]) == (64, 1, "outputs")
+    assert json.loads(runs.metrics_path(run).read_text())["status"] == "ok"
+    assert run.name == RunConfig.from_dict(config).run_id
 
 
 # ---------------------------------------------------------------- the results notebooks' defaults

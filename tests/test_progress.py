@@ -21,7 +21,7 @@ from kit.train.loop import NonFiniteLoss
 from kit.train.finetune import fit
 from kit.train.multitask import epoch_table as multitask_epoch_table
 
-TINY = dict(task="synthetic", model="tiny", synthetic_size=32, epochs=1, lr=5e-3, batch_size=16,
+TINY = dict(task="synthetic", model="tiny", synthetic_size=16, epochs=1, lr=5e-3, batch_size=16,
             save_checkpoints=False, report_to=("none",))
 HERE = ("c" * 40, False)                   # a checkout: its commit, and no uncommitted changes
 
@@ -220,7 +220,7 @@ def test_a_notebook_shows_one_bar_and_one_epoch_table_and_nothing_on_stderr(tmp_
     assert rows == [[f"{n}/2", f"{e['train_loss']:.4f}", f"{d['accuracy']:.4f}", f"{d['f1']:.4f}",
                      "★" if e["epoch"] == metrics["best_epoch"] else ""]
                     for n, e, d in zip((1, 2), metrics["epochs"], dev)]
-    assert f"<b>{cfg.run_id}</b>: 2 of 2 epoch(s) done" in html
+    assert f'<div class="ssa-epochs"><b>{cfg.run_id}</b>: 2 of 2 epoch(s) done' in html
     fit(cfg)                                          # the reuse line: plain stdout text
     out = capfd.readouterr()
     assert out.err == "" and out.out.startswith(f"reused finished run {cfg.run_id} (trained ")

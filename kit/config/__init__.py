@@ -1,4 +1,5 @@
 """What a run is asked to do: RunConfig, every knob checked once (run_config, rules), the task
-registry (tasks) and profiles, YAML grids of validated points (profiles).
+registry (tasks) and profiles, YAML grids of validated points (profiles); the project folder and
+where a relative path points (paths), a notebook's parameters cell (notebook_cells).
 Imports nothing of the kit but the method registry's table (kit.methods, data only): the layer
 every other one reads."""

@@ -10,6 +10,8 @@
   (`reuse_labels_from`) - must run after it, in the same task. Chains are the units a shard
   takes whole (`shard_points`); in a grid without such points each point is its own chain, and
   shard i/n is points i, i+n, i+2n ... as kit.config.profiles.shard makes it.
+- `stuck(...)`: whether a batch stopped by a signal got further than its last start, which
+  decides whether requeueing it helps (kit.batch's exit 75, or 3).
 """
 from __future__ import annotations
 

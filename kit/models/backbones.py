@@ -60,7 +60,7 @@ def load_backbone(name: str, eager_attention: bool = False):
     # a hub id: ask whether the hub answers first (the GLUE reader's check); if not, only the
     # local cache is tried, so offline it fails in seconds, not after minutes of retries
     if looks_like_path(source) and not Path(source).exists():
-        raise ModelError(f"model folder {name!r} does not exist (cwd {Path.cwd()}); build or "
+        raise ModelError(f"model folder {name!r} does not exist ({source}); build or "
                          "copy it there, or give a hub id (organisation/name)")
     unreachable = None if Path(source).exists() else hub.hub_unreachable()
     try:

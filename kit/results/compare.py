@@ -1,19 +1,19 @@
 """Compare a few run folders by hand, without a profile: `compare_runs(run_dirs)`.
 
-The runs are grouped by the config fields that differ between them (seeds and the fields that
-do not change what is computed, RunConfig._NOT_IDENTITY, aside), e.g. by method, or by lr when
-two lrs of one method were run; task and model stay columns of their own, since no mean is
-taken across tasks. Per group: n, the mean and std over its runs of the task score and each
-metric (kit.results.tables.summary_table), and the test of each group against a baseline group
-on the task score with Holm-Bonferroni across the table (kit.results.tables.comparisons, with
-kit.results.stats' Welch / permutation tests).
+The runs are grouped by method and by the config fields that differ between runs of one task
+and model (seeds and the fields that do not change what is computed, RunConfig._NOT_IDENTITY,
+aside), e.g. by lr when two lrs of one method were run; task and model stay columns of their
+own, since no mean is taken across tasks. Per group: n, the mean and std over its runs of the
+task score and each metric (kit.results.tables.summary_table), and the test of each group
+against a baseline group on the task score with Holm-Bonferroni across the table
+(kit.results.tables.comparisons, with kit.results.stats' Welch / permutation tests).
+`latest_runs` finds the run folders started last, for a notebook that compares them.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
-
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +24,7 @@ from kit.results import tables
 from kit.results.collect import load_runs, mixed_environments
 
 # config fields that never make a group: a run's seed, a k-fold run's fold (summary_table keeps
-# folds apart itself) and what does not change the numbers
+# folds apart itself) and what does not change the numbers (the run id's own list)
 NOT_GROUPS = ("seed", "fold", *RunConfig._NOT_IDENTITY)
 PER_TASK = ("task", "model")          # columns of their own, never pooled
 
@@ -39,11 +39,16 @@ def latest_runs(outputs_dir: str | os.PathLike = "outputs", n: int = 4) -> list[
 
 
 def differing_fields(df: pd.DataFrame) -> list[str]:
-    """The RunConfig fields (scalar ones: load_runs' columns) whose value differs between the
-    runs of `df`, in RunConfig's order, NOT_GROUPS left out."""
+    """What to group the runs of `df` on, in RunConfig's order: `method` when it differs at
+    all, and the other RunConfig fields (scalar ones: load_runs' columns; NOT_GROUPS aside)
+    whose value differs between runs of one task and model (a field that differs only
+    between tasks, e.g. max_length, is the tasks' setting, not a group)."""
     fields = [f.name for f in dataclasses.fields(RunConfig)
-              if f.name not in NOT_GROUPS and f.name in df.columns]
-    return [f for f in fields if df[f].astype(str).nunique(dropna=False) > 1]
+              if f.name not in (*NOT_GROUPS, *PER_TASK) and f.name in df.columns]
+    text = df[[*PER_TASK, *fields]].astype(str)
+    within = text.groupby(list(PER_TASK))[fields].nunique(dropna=False).max()
+    return [f for f in fields if within[f] > 1
+            or f == "method" and text[f].nunique(dropna=False) > 1]
 
 
 def group_labels(df: pd.DataFrame, keys: Sequence[str]) -> pd.Series:

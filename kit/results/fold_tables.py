@@ -27,11 +27,11 @@ _FOLD_KEYS = ("task", "model", "method", "seed")
 
 def fold_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     """Per task x model x method x seed (x the `by` columns): one row per fold run (its fold,
-    status, best-dev metrics, best epoch counted from 1, run id), then a row "mean ± std" over the OK folds
-    (sample std; "n=ok/k" says how many of the k folds finished). Regression CSV tasks show
-    rmse, mse, pearson, spearman (rmse/mse in the target's units); classification ones accuracy
-    and F1. Several OK runs for one fold of a group mean mixed configurations: pass the
-    hyper-parameters that differ as `by`."""
+    status, best-dev metrics, best epoch counted from 1, run id), then a row "mean ± std" over
+    the OK folds (sample std; "n=ok/k" says how many of the k folds finished). Regression CSV
+    tasks show rmse, mse, pearson, spearman (rmse/mse in the target's units); classification
+    ones accuracy and F1. Several OK runs for one fold of a group mean mixed configurations:
+    pass the hyper-parameters that differ as `by`."""
     df = fold_runs(df)
     keys = [*_FOLD_KEYS, *by]
     metrics = [m for m in _FOLD_METRICS if m in df.columns and df[m].notna().any()]

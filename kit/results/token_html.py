@@ -211,9 +211,18 @@ def label_text(config: dict, value) -> str:
 
 
 def run_tokenizer(run_dir: Path, config: dict):
-    """The run's tokenizer: the best checkpoint's copy, else the model config.json names."""
+    """The run's tokenizer: the best checkpoint's copy, else the model config.json names.
+    Quietly: transformers warns that a kit-only checkpoint's model type (ssa-h's) is unknown
+    to it, which says nothing about its tokenizer."""
+    from transformers.utils import logging as hf_logging
     folder = runs.best_checkpoint(run_dir)
-    return load_tokenizer(str(folder) if folder is not None else config["model"], local_only=True)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return load_tokenizer(str(folder) if folder is not None else config["model"],
+                              local_only=True)
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _dev_rows(config: dict, n: int):
@@ -290,9 +299,10 @@ def render(frame: pd.DataFrame, by: str, title: str = "") -> str:
         confidence = first["confidence"]
         prediction = str(first["prediction"]) + (
             f" ({confidence:.2f})" if not pd.isna(confidence) else "")
-        body.append(f'<tr><td style="{CELL}">{"".join(pieces)}</td>'
-                    f'<td style="{CELL}">{html.escape(str(first["label"]))}</td>'
-                    f'<td style="{CELL}">{html.escape(prediction)}</td></tr>')
+        body.append(f'<tr style="background:#ffffff"><td style="{CELL}">{"".join(pieces)}</td>'
+                    f'<td style="{CELL};white-space:nowrap">{html.escape(str(first["label"]))}'
+                    f'</td><td style="{CELL};white-space:nowrap">{html.escape(prediction)}</td>'
+                    "</tr>")
     caption = f'<div style="font-weight:bold">{html.escape(title)}</div>' if title else ""
     return (f'<div class="kit-tokens" style="{BOX}">{caption}{legend(by, cues)}'
             f'<table style="border-collapse:collapse;margin:0;background:#ffffff">'

@@ -128,7 +128,7 @@ class TaskMixer:
 
 def fit_multitask(cfg: RunConfig) -> dict:
     """Train and evaluate one multi-task config (method embert or gated); returns metrics.json's
-    content. A config that already finished ok is not rerun."""
+    content. A config that already finished ok is reused unless rerun."""
     if cfg.method not in MULTITASK_METHODS:
         raise ConfigError(f"parameter 'method': fit_multitask runs {', '.join(MULTITASK_METHODS)}, "
                           f"not {cfg.method!r} (use kit.train.finetune.fit)")
@@ -271,7 +271,8 @@ def epoch_table(metrics: dict) -> pd.DataFrame:
     for e in metrics["epochs"]:
         scores = {f"{n}": m["score"] for n, m in e["dev"].items() if n != "score"}
         rows.append({"epoch": kprogress.epoch_number(e["epoch"]), **scores,
-                     "mean_score": e["dev"]["score"], "train_loss": e["train_loss"], "stage": e["stage"],
+                     "mean_score": e["dev"]["score"], "train_loss": e["train_loss"],
+                     "stage": e["stage"],
                      "batches": " ".join(f"{n}:{c}" for n, c in e["task_batches"].items()),
                      "wall_s": e["wall_s"]})
     return pd.DataFrame(rows).set_index("epoch")

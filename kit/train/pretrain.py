@@ -41,7 +41,7 @@ LOGITS_BUDGET = 2 ** 26    # eval: at most this many logits (fp32: 256 MB) per f
 
 def pretrain(cfg: RunConfig) -> dict:
     """Pretrain one config (method mlm); returns metrics.json's content (kit.runs.run_recorded:
-    a finished run is not rerun, a killed one resumes)."""
+    a finished run is reused unless rerun, a killed one resumes)."""
     return loop.recorded(cfg, Pretrain)
 
 

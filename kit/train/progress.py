@@ -113,6 +113,7 @@ class CellBar:
         self.bar = CellBar.shared[1]
         self.bar.reset(total=len(iterable) if total is None else total)
         self.bar.set_description(desc, refresh=False)
+        self.bar.set_postfix_str("", refresh=False)    # the last loop's loss is not this one's
         self.bar.n = self.bar.last_print_n = initial
         self.bar.refresh()
 
@@ -155,12 +156,13 @@ def brief(dev_metrics: dict) -> str:
 
 def dev_columns(dev_metrics: dict) -> dict[str, float]:
     """The dev metrics a person reads, by name: a single-task run's own (its selection `score`
-    only when it is the only one), a multi-task run's per task (`RTE/accuracy`) and their mean
-    score, which selects its best epoch."""
+    only when it is the only one), a multi-task run's mean task score, which selects its best
+    epoch, then each task's metrics (`RTE/accuracy`; its score is one of them)."""
     flat = flatten_metrics(dev_metrics)
-    multi = any("/" in k for k in flat)
-    return {("mean score" if multi and k == "score" else k): v for k, v in flat.items()
-            if k != "score" or multi or len(flat) == 1}
+    if not any("/" in k for k in flat):
+        return {k: v for k, v in flat.items() if k != "score" or len(flat) == 1}
+    return {"mean score": flat["score"],
+            **{k: v for k, v in flat.items() if "/" in k and not k.endswith("/score")}}
 
 
 def epoch_done(record: dict, cfg, best: bool) -> None:
@@ -209,7 +211,8 @@ class EpochTable:
         frame["epoch"] = [f"{epoch_number(e)}/{self.epochs}" for e in frame["epoch"]]
         head = (f"<b>{html.escape(self.run_id)}</b>: {len(self.rows)} of {self.epochs} "
                 "epoch(s) done (★ best on dev)")
-        return f"<div>{head}{frame.to_html(index=False, float_format='{:.4f}'.format)}</div>"
+        table = frame.to_html(index=False, float_format="{:.4f}".format)
+        return f'<div class="ssa-epochs">{head}{table}</div>'     # (a class pages can find)
 
     def show(self) -> None:
         from IPython.display import HTML, display
