@@ -6,7 +6,8 @@
 #   ./run_all.sh run task=RTE method=ssa-h ...   one run from the command line (kit.run --help)
 #   ./run_all.sh test             set-up if needed, then the test suite
 #   ./run_all.sh slurm PROFILE [--array N] [--time T] ... [--dry-run]   the profile as a SLURM
-#                                 job array, task i running --shard i/N (docs/cluster.md)
+#                                 job array, task i running --shard i/N of the grid frozen at
+#                                 submission, or (--nodes N) one job on N nodes (docs/cluster.md)
 #   ./run_all.sh doctor [--json] [--no-probe]   what the kit will do on this machine and why,
 #                                 with a 5 s speed probe and the expected demo / test times
 #   ./run_all.sh report [PROFILE] no training: the profile's (default demo) tables, figures and

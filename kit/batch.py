@@ -188,7 +188,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s", flush=True)
     counts = dict.fromkeys(("ok", "skipped", "failed", "absent", "preempted", "stopped"), 0)
-    started, ran, deadline, pending = time.perf_counter(), 0, None, list(enumerate(points, 1))
+    started, ran, deadline, held = time.perf_counter(), 0, None, []
+    pending = list(enumerate(points, 1))
     with Kernels(fresh=fresh_kernels) as kernels, forwarding_signals() as signals:
         while pending:                 # a second round and on: the points another batch held
             held = []
@@ -219,7 +220,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
                     return _stopped(profile, signals.received, points, counts, steps, cfg)
             deadline = deadline or time.monotonic() + lock_wait_s
             pending = held if held and time.monotonic() < deadline else []
-            time.sleep(LOCK_POLL_S if pending else 0)
+            time.sleep(max(0.0, min(LOCK_POLL_S, deadline - time.monotonic())) if pending else 0)
         # inside the block: the report's notebooks run in the points' warm kernel
         profile_outputs.write(profile, outputs_dir, show=True)
         print(f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "

@@ -197,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(summary(status, detail, cfg), flush=True)
-    return {"failed": 1, "preempted": batch.PREEMPTED_EXIT}.get(status, 0)
+    # stopped: a signal before training began (resume by running again); held: another
+    # process trains this config
+    return {"failed": 1, "held": 1, "preempted": batch.PREEMPTED_EXIT,
+            "stopped": batch.PREEMPTED_EXIT}.get(status, 0)
 
 
 if __name__ == "__main__":

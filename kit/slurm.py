@@ -7,7 +7,7 @@ job of several nodes that runs every point on all of them.
 
 The grid is frozen at submission (kit.config.grids: OUTPUTS/slurm/grid-<hash>/<profile>.yaml,
 which the tasks read instead of the live YAML; a shard takes whole chains), the script written
-to OUTPUTS/slurm/<profile>.sbatch and sbatch'ed (--dry-run prints it and writes only the grid).
+to OUTPUTS/slurm/<profile>.sbatch and sbatch'ed (--dry-run prints it and submits nothing).
 SLURM sends SIGUSR1 to a task's shell GRACE s before its time limit; the shell passes it to the
 batch, whose point checkpoints, exits 75, and is requeued (at most R times). docs/cluster.md.
 """
@@ -27,7 +27,6 @@ from kit.config.grids import chains, frozen
 from kit.config.paths import outputs_root
 from kit.config.profiles import REPO, load_profile, profile_path
 from kit.config.run_config import ConfigError, RunConfig
-from kit.runs import read_metrics, run_dir_of
 
 DEFAULT_TASKS_CAP = 100     # a default array this size stays under most clusters' job limits
 DEFAULT_GRACE_S = 120       # a checkpoint of a large model on a busy filesystem, with margin
@@ -41,7 +40,8 @@ PREEMPTED_EXIT = 75         # kit.batch's "stopped on a signal, requeue me" (EX_
 def unfinished(points: list[dict]) -> int:
     """How many points have no final record (ok or failed) and their task's files (an absent
     point gets none): of the whole grid, when a shard asks whether it is the last."""
-    from kit.train.preflight import missing_task_files     # data readers: the batch's side only
+    from kit.runs import read_metrics, run_dir_of           # the batch's side only: pandas,
+    from kit.train.preflight import missing_task_files     # data readers
     left = 0
     for point in points:
         cfg = RunConfig.from_dict(point)
@@ -99,8 +99,7 @@ def directives(array: Array) -> list[str]:
 
 
 def batch_command(array: Array) -> str:
-    """What a task runs: its shard of the frozen grid (or, on several nodes, srun of every
-    node's share of each point), into the shared outputs folder."""
+    """What a task runs: its shard of the frozen grid (nodes > 1: srun of the whole grid)."""
     words = ["./run_all.sh", shlex.quote(array.profile)]
     if array.nodes > 1:
         words = ["srun", "--ntasks-per-node=1", *words, "--nodes", str(array.nodes),
@@ -280,7 +279,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sbatch", action="append", default=[], metavar="LINE",
                    help="an extra sbatch option, e.g. '--mem=16G' (repeatable)")
     p.add_argument("--outputs", default=str(outputs_root()))
-    p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    p.add_argument("--dry-run", action="store_true", help="print (and write) the script, "
+                   "submit nothing")
     return p
 
 
@@ -330,10 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         # grid of its own, and tasks still queued keep theirs; its folder holds the logs
         if not Path(array.profile).exists():
             kio.write_text(array.profile, grid)
-        if dry_run:
-            print(text + f"# (dry run: nothing submitted; {array.profile} is written)")
-            return 0
         kio.write_text(array.script_path, text)
+        if dry_run:
+            print(text + f"# (dry run: nothing submitted; sbatch {array.script_path} submits it)")
+            return 0
         job = submit(array.script_path)
     except (ConfigError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -157,7 +157,7 @@ def test_mechanism_notebook(tmp_path, run_notebook):
     nb = execute(run_notebook, "mechanism", tmp_path, outputs_dir=str(out), profile=str(profile))
     assert (out / "figures" / "mechanism-mech-mini.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "tables" / "mechanism-mech-mini.md").read_text()
-    for row in ("BERT-r", "SSA-H", "BERT-r \\+ guiding", "SSA-H, epoch 1"):
+    for row in ("BERT-r", "SSA-H", "BERT-r \\+ guiding", "SSA-H, epoch 2"):
         assert re.search(rf"^\| {row} +\|", md, re.M), row
     assert (out / "tables" / "mechanism-mech-mini-ssa-labels.csv").exists()
     assert "p_holm" in output_of(nb, 'results["Dev accuracy"]')

@@ -5,6 +5,8 @@ stand-in batch and srun), one set-up at a time in run_all.sh, and a real single-
 (tests/slurm/start-cluster.sh) running the smoke grid as a 2-task array, its profile edited
 after submission, one task preempted mid-epoch: requeued, resumed, and the union equal to an
 unsharded run of the grid as submitted."""
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -27,9 +30,13 @@ START = REPO / "tests" / "slurm" / "start-cluster.sh"
 PACKAGES = "apt-get install slurm-wlm munge"
 
 
-def dry_run(*options: str, outputs: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kit.slurm", *options, "--outputs", str(outputs)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+def dry_run(*options: str, outputs: Path) -> SimpleNamespace:
+    """`./run_all.sh slurm OPTIONS --outputs OUTPUTS` in this process (a new one costs a second
+    of imports): its exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = slurm.main([*options, "--outputs", str(outputs)])
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 # ---------------------------------------------------------------- the script
@@ -39,7 +46,7 @@ def frozen_grid(text: str) -> Path:
     return Path(re.search(r"\./run_all\.sh (\S+/grid-\w+/[\w.-]+\.yaml) ", text)[1])
 
 
-def test_dry_run_prints_the_array_script_and_writes_only_its_frozen_grid(tmp_path):
+def test_dry_run_prints_the_array_script_and_submits_nothing(tmp_path):
     done = dry_run("smoke", "--array", "3", "--time", "02:00:00", "--partition", "gpu",
                    "--gpus-per-task", "a100:1", "--cpus-per-task", "8", "--processes", "2",
                    "--signal-grace", "300", "--max-parallel", "2", "--max-requeues", "5",
@@ -61,10 +68,12 @@ def test_dry_run_prints_the_array_script_and_writes_only_its_frozen_grid(tmp_pat
     assert f"cd {REPO} " in text
     assert "[ $status -eq 75 ]" in text and '"${SLURM_RESTART_COUNT:-0}" -ge 5 ]' in text
     assert 'scontrol requeue "$task"' in text and 'task="${SLURM_ARRAY_JOB_ID}_' in text
-    # nothing submitted, nothing written but the grid the script names, in its log folder: the
-    # printed script can be submitted later as it is
-    assert [p.relative_to(out) for p in out.rglob("*") if p.is_file()] == [
-        Path("slurm") / grid.parent.name / "smoke.yaml"]
+    # nothing submitted; written: the script and the grid it names, in its log folder, so that
+    # it can be submitted later as it is
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == [
+        Path("slurm") / grid.parent.name / "smoke.yaml", Path("slurm/smoke.sbatch")]
+    assert (out / "slurm" / "smoke.sbatch").read_text() + \
+        f"# (dry run: nothing submitted; sbatch {out}/slurm/smoke.sbatch submits it)\n" == text
     assert grid.parent.parent == out / "slurm"
     frozen = load_profile(str(grid), str(out))
     assert frozen.name == "smoke" and frozen.points == load_profile("smoke", str(out)).points
@@ -139,7 +148,7 @@ def ids(points) -> list[str]:
 def test_a_point_that_reads_another_points_output_runs_after_it_in_its_task():
     """tapt-smoke: fine-tuning reads the masked-LM point's adapted/ folder, so both are one
     chain: the default array is one task, --shard 0/1 runs them in order. tapt-cpu: each
-    adapted model's fine-tuning points are in its pretraining's shard, after it, whatever n."""
+    adapted model's fine-tuning points are in its pretraining's shard, after it (2 and 5 shards)."""
     smoke = load_profile("tapt-smoke").points
     assert [len(c) for c in grids.chains(smoke)] == [2]
     assert ids(grids.shard_points(smoke, "0/1")) == ids(smoke)
@@ -147,14 +156,14 @@ def test_a_point_that_reads_another_points_output_runs_after_it_in_its_task():
     chains = grids.chains(cpu)
     pretrain = [p for p in cpu if p["method"] == "mlm"]
     assert len(cpu) == 39 and len(chains) == 4 + 15 and len(pretrain) == 4
-    for n in (2, 3, 7, len(chains)):
-        shards = [ids(grids.shard_points(cpu, f"{i}/{n}")) for i in range(n)]
-        assert sorted(sum(shards, [])) == sorted(ids(cpu))          # each point once
+    for n in (2, 5):
+        shards = [[id(p) for p in grids.shard_points(cpu, f"{i}/{n}")] for i in range(n)]
+        assert sorted(sum(shards, [])) == sorted(map(id, cpu))          # each point once
         for point in pretrain:
-            users = [p for p in cpu if p["model"] == point["adapted_dir"]]
-            mine = next(s for s in shards if ids([point])[0] in s)
-            assert len(users) == 5 and all(ids([u])[0] in mine for u in users)
-            assert all(mine.index(ids([u])[0]) > mine.index(ids([point])[0]) for u in users)
+            users = [id(p) for p in cpu if p["model"] == point["adapted_dir"]]
+            mine = next(s for s in shards if id(point) in s)
+            assert len(users) == 5 and all(u in mine for u in users)
+            assert all(mine.index(u) > mine.index(id(point)) for u in users)
 
 
 def test_a_grid_without_such_points_is_sharded_as_before_and_a_run_folder_chains_too(tmp_path):
@@ -333,20 +342,20 @@ def test_the_script_passes_signals_on_and_requeues_after_sigusr1_at_most_r_times
 def test_concurrent_set_ups_of_one_project_take_turns(tmp_path):
     """The tasks of an array start ./run_all.sh together on one shared .venv: its set-up runs
     one at a time (a lock beside the venv), or two pip installs would write one venv at once.
-    A stand-in venv's python logs each set-up check (0.4 s); none may overlap another."""
+    A stand-in venv's python logs each set-up check (0.3 s); none may overlap another."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     executable(venv / "bin" / "python", f"""#!/bin/bash
 if [ "$1" = -c ]; then
-  echo "$(date +%s.%N) $(sleep 0.4; date +%s.%N)" >> {tmp_path}/checks
+  echo "$(date +%s.%N) $(sleep 0.3; date +%s.%N)" >> {tmp_path}/checks
 fi
 """)
     runs_ = [subprocess.Popen(["bash", str(REPO / "run_all.sh"), "doctor"],
-                              env={**os.environ, "VENV": str(venv)}) for _ in range(3)]
-    assert [p.wait(timeout=60) for p in runs_] == [0, 0, 0]
+                              env={**os.environ, "VENV": str(venv)}) for _ in range(2)]
+    assert [p.wait(timeout=60) for p in runs_] == [0, 0]
     spans = sorted(tuple(map(float, line.split()))
                    for line in (tmp_path / "checks").read_text().splitlines())
-    assert len(spans) == 6                         # two checks per set-up
+    assert len(spans) == 4                         # two checks per set-up
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
 
 

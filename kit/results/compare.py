@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit import runs
+from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
 from kit.results import tables
 from kit.results.collect import load_runs, mixed_environments
@@ -72,7 +73,7 @@ def compare_runs(run_dirs: Iterable[str | os.PathLike], by: Sequence[str] | None
     (x100 where shown x100), p (two-sided `test`: welch or permutation), p_holm
     (Holm-Bonferroni across the table) and mark. attrs: caption, notes (a line naming the
     groups of one run, a line when the runs' environments differ), baseline."""
-    df = load_runs(list(run_dirs))
+    df = load_runs([project_path(d) for d in run_dirs])    # "outputs/runs/.." from notebooks/ too
     if df.empty:
         raise ValueError("compare_runs: no run folders given")
     keys = list(by) if by is not None else differing_fields(df)

@@ -107,13 +107,19 @@ def recorded(cfg: RunConfig, build: Callable[[RunConfig], Job]) -> dict:
     the run's environment), with SIGTERM, SIGUSR1 and SIGINT noted rather than fatal
     (kit.train.preemption): what fit() of every kind of job returns."""
     stop = preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
+    trained = []
+
+    def body(c, run_dir):
+        trained.append(True)
+        return run(c, run_dir, build, stop)
+
     with preemption.catching(stop):
-        metrics = runs.run_recorded(cfg, lambda c, run_dir: run(c, run_dir, build, stop),
-                                    process_state(), environment,
+        metrics = runs.run_recorded(cfg, body, process_state(), environment,
                                     lambda done: kprogress.reused(done, kit_commit()))
     # every run checkpoints while it trains, so a preempted one resumes; without
-    # save_checkpoints the folder goes once metrics.json says ok (a kill before that resumes)
-    if not cfg.save_checkpoints and process_state().is_main_process:
+    # save_checkpoints the folder goes once metrics.json says ok (a kill before that resumes).
+    # A reused run keeps its folder: it may have been trained with save_checkpoints on.
+    if trained and not cfg.save_checkpoints and process_state().is_main_process:
         run_state.discard(runs.run_dir_of(cfg))
     return metrics
 

@@ -64,8 +64,9 @@ class Stop:
         """What metrics.json records of the stop: the signal, when, on which host, and where
         the run resumes (`epoch`: 0-based here, counted from 1 in the record as in the progress
         lines; `batch`: batches of that epoch done; `during`: training, label generation,
-        evaluation, epoch end (the epoch's bookkeeping and checkpoint) or test prediction). `checkpoint` is None only when the run stopped before
-        its first checkpoint, having trained nothing: rerunning starts it afresh, losing nothing."""
+        evaluation, epoch end (the epoch's bookkeeping and checkpoint) or test prediction).
+        `checkpoint` is None only when the run stopped before its first checkpoint, having
+        trained nothing: rerunning starts it afresh, losing nothing."""
         return {"signal": self.signal,
                 "at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                 "host": socket.gethostname(), "epoch": epoch + 1, "batch": batch, "step": step,
