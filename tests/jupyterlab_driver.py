@@ -75,15 +75,18 @@ NOTEBOOK_JS = """path => {
   for (const w of window.jupyterapp.shell.widgets('main'))
     if (w.context && w.context.path === path) return w.context.model.toJSON();
 }"""
-# what the notebook's panel shows: images (decoded or not), HTML blocks by class
-SHOWN_JS = """id => {
+# HTML blocks the kit's outputs mark with a CSS class, by what they are
+BLOCKS = {"epochs": "ssa-epochs",       # a training cell's live epoch table
+          "tokens": "ssa-tokens"}       # the token view
+# what the notebook's panel shows: its outputs, their images (decoded or not), the BLOCKS
+SHOWN_JS = """([id, blocks]) => {
   const panel = document.getElementById(id);
-  const outputs = panel.querySelectorAll('.jp-OutputArea-output');
-  return {images: Array.from(panel.querySelectorAll('.jp-OutputArea-output img'),
-                             i => [i.complete, i.naturalWidth]),
-          tokens: panel.querySelectorAll('.jp-OutputArea-output .ssa-tokens').length,
-          epochs: panel.querySelectorAll('.jp-OutputArea-output .ssa-epochs').length,
-          outputs: outputs.length};
+  const shown = {outputs: panel.querySelectorAll('.jp-OutputArea-output').length,
+                 images: Array.from(panel.querySelectorAll('.jp-OutputArea-output img'),
+                                    i => [i.complete, i.naturalWidth])};
+  for (const [name, css] of Object.entries(blocks))
+    shown[name] = panel.querySelectorAll(`.jp-OutputArea-output .${css}`).length;
+  return shown;
 }"""
 
 
@@ -252,7 +255,7 @@ class Lab:
         return self.page.evaluate(NOTEBOOK_JS, self.path(name))
 
     def shown(self, name: str) -> dict:
-        return self.page.evaluate(SHOWN_JS, self.state(name)["id"])
+        return self.page.evaluate(SHOWN_JS, [self.state(name)["id"], BLOCKS])
 
     def screenshot(self, name: str, path: Path, first: str, block: str = "start") -> None:
         """Its tab to the front, scrolled to the cell of the first element matching `first`

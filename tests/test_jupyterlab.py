@@ -10,8 +10,8 @@ tab is closed with Discard, and nothing is written under notebooks/.
 One test: the smoke runs made (in this worker's warm kernel) while the server starts, then one
 browser page and every notebook's kernel running side by side. Kernel starts and the imports of
 torch and transformers are most of its cost. Deselect it with `-m "not jupyterlab"`;
-SSA_KIT_SCREENSHOTS=DIR keeps each notebook's screenshot there too (docs/figures/
-jupyterlab-finetune.png is one).
+SSA_KIT_SCREENSHOTS=DIR keeps the screenshots there too (jupyterlab-<notebook>.png, and
+jupyterlab-finetune-tokens.png of the token view), e.g. DIR=docs/figures.
 """
 import contextlib
 import hashlib
@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jupyterlab_driver import (CHROMIUM, CHROMIUM_ARGS, Lab, browser_or_skip, errors,
+from jupyterlab_driver import (BLOCKS, CHROMIUM, CHROMIUM_ARGS, Lab, browser_or_skip, errors,
                                lab_server, stream_text, unexplained)
 from kit import batch, runs
 
@@ -38,8 +38,8 @@ TRAINING = ["finetune", "kaggle_csv", "pretrain", "multitask"]
 # each shows the runs present (the slowest first); all but compare (the runs started last,
 # whatever their profile) choose a profile by themselves: the smoke profile's, made before
 FROM_RUNS = ["case_study", "mechanism", "results", "label_quality", "gamma", "cost", "compare"]
-# what each notebook must show besides "no error": decoded images, HTML blocks by CSS class
-# (ssa-epochs: the live epoch table of a training cell; ssa-tokens: the token view)
+# what each notebook must show besides "no error": at least so many decoded images, and
+# HTML blocks (jupyterlab_driver.BLOCKS: the live epoch table, the token view)
 SHOWS = {"finetune": {"images": 1, "epochs": 1, "tokens": 1},
          "kaggle_csv": {"images": 2, "epochs": 1}, "pretrain": {"images": 1, "epochs": 1},
          "multitask": {"images": 1, "epochs": 1}, "results": {},
@@ -91,20 +91,24 @@ def _run_all(lab: Lab) -> None:
 
 
 def _look(lab: Lab, name: str, deadline: float, tmp_path: Path) -> dict:
-    """Once `name` is done: its errors and streams, what its page shows, its screenshot; then
+    """Once `name` is done: its errors and streams, what its page shows, its screenshots; then
     its tab closed without saving."""
     nb = lab.wait_done(name, deadline)
     seen = {**lab.shown(name), "errors": errors(nb), "stderr": stream_text(nb, "stderr"),
             "stdout": stream_text(nb, "stdout")}
-    png = tmp_path / f"jupyterlab-{name}.png"
-    if seen["epochs"]:           # the training cell at the top: its bar, live table, what follows
-        lab.screenshot(name, png, ".ssa-epochs")
-    else:                        # the first figure's cell at the bottom, what leads to it above
-        lab.screenshot(name, png, ".jp-OutputArea-output img", block="end")
-    if os.environ.get("SSA_KIT_SCREENSHOTS"):
-        target = Path(os.environ["SSA_KIT_SCREENSHOTS"])
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(png, target / png.name)
+    # its screenshot: the training cell at the top (its bar, live table and what follows), else
+    # the first figure's cell at the bottom (what leads to it above); the token view's too
+    shots = [("", f".{BLOCKS['epochs']}", "start") if seen["epochs"] else
+             ("", ".jp-OutputArea-output img", "end")]
+    if seen["tokens"]:
+        shots.append(("-tokens", f".{BLOCKS['tokens']}", "start"))
+    for suffix, first, block in shots:
+        png = tmp_path / f"jupyterlab-{name}{suffix}.png"
+        lab.screenshot(name, png, first, block)
+        if os.environ.get("SSA_KIT_SCREENSHOTS"):
+            target = Path(os.environ["SSA_KIT_SCREENSHOTS"])
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(png, target / png.name)
     seen["asked to save"] = lab.close_without_saving(name)
     return seen
 

@@ -20,12 +20,9 @@ import yaml
 from kit import batch, runs
 from kit.config.run_config import ConfigError, RunConfig
 from kit.results import page, writers
+from jupyterlab_driver import CHROMIUM, CHROMIUM_ARGS, browser_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 # a 1x1 PNG: an image output for the fake notebooks
 PNG = base64.b64encode(bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
@@ -169,7 +166,8 @@ def test_the_batch_ends_with_the_report_line_unless_told_not_to(tmp_path, capsys
     out = str(tmp_path / "out")
     assert batch.main([str(path), "--outputs", out]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"report: {out}/reports/r/index.html"
-    assert built == [{"ok": 0, "skipped": 0, "failed": 0, "absent": 1, "preempted": 0}]
+    assert built == [{"ok": 0, "skipped": 0, "failed": 0, "absent": 1, "preempted": 0,
+                      "stopped": 0}]
     assert batch.main([str(path), "--outputs", out, "--no-report"]) == 0
     path.write_text("report: false\n" + path.read_text())
     assert batch.main([str(path), "--outputs", out]) == 0
@@ -189,18 +187,7 @@ def test_a_failed_report_is_one_line_and_keeps_the_exit_status(tmp_path, monkeyp
 
 def _browser():
     """Playwright and the OS's Chromium, or a skip naming what to install (a failure in CI)."""
-    missing = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing = "playwright is not installed: pip install -e '.[test]'"
-    if missing is None and not Path(CHROMIUM).exists():
-        missing = f"no Chromium at {CHROMIUM}: apt-get install chromium"
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the report's browser test must run in CI: {missing}")
-        pytest.skip(missing)
-    return sync_playwright
+    return browser_or_skip("the report's browser test")
 
 
 def _open(browser, url: str, screenshot: Path | None = None) -> dict:

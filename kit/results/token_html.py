@@ -57,7 +57,7 @@ class TokenView:
     @property
     def html(self) -> str:
         if self.note:
-            return f'<div class="kit-tokens" style="{BOX}">{html.escape(self.note)}</div>'
+            return f'<div class="ssa-tokens-note" style="{BOX}">{html.escape(self.note)}</div>'
         return render(self.frame, self.by, self.title)
 
     def _repr_html_(self) -> str:
@@ -304,7 +304,7 @@ def render(frame: pd.DataFrame, by: str, title: str = "") -> str:
                     f'</td><td style="{CELL};white-space:nowrap">{html.escape(prediction)}</td>'
                     "</tr>")
     caption = f'<div style="font-weight:bold">{html.escape(title)}</div>' if title else ""
-    return (f'<div class="kit-tokens" style="{BOX}">{caption}{legend(by, cues)}'
+    return (f'<div class="ssa-tokens" style="{BOX}">{caption}{legend(by, cues)}'
             f'<table style="border-collapse:collapse;margin:0;background:#ffffff">'
             f"<tr>{head}</tr>{''.join(body)}</table></div>")
 
