@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
@@ -125,9 +126,12 @@ def lab_environment(tmp: Path, env: dict[str, str]) -> dict[str, str]:
         path = tmp / "settings" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
+    # the kernels import this checkout's kit (the tests' own), even where the venv's editable
+    # install points at another checkout of the project
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     return {**os.environ, "JUPYTER_CONFIG_DIR": str(dirs["config"]),
             "JUPYTER_DATA_DIR": str(dirs["data"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
-            "IPYTHONDIR": str(dirs["ipython"]), **env}
+            "IPYTHONDIR": str(dirs["ipython"]), "PYTHONPATH": path, **env}
 
 
 @contextlib.contextmanager
