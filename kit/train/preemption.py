@@ -120,38 +120,3 @@ def catching(stop: Stop):
         for s, handler in previous.items():
             signal.signal(s, handler)
 
-
-class _Forwarder:
-    """The batch's side of a preemption (kit.train.preemption has the run's): the first SIGTERM,
-    SIGUSR1 or SIGINT is noted (`received`; the batch then starts no new point) and passed on to
-    the point that runs - SIGINT to its notebook kernel (which sits in a session of its own, so a
-    signal to the batch does not reach it; an idle kernel ignores SIGINT), SIGTERM to torchrun
-    (which passes SIGTERM on to every worker; SIGUSR1 would kill it). The run stops after its
-    current step with a checkpoint."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self.kernels = None      # set while a point runs in a kernel
-        self.child = None                        # set while a point runs under torchrun
-
-    def __call__(self, signum, frame) -> None:
-        self.received = self.received or signal.Signals(signum).name
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM)
-        elif self.kernels is not None:
-            self.kernels.interrupt()
-
-
-FORWARD = _Forwarder()
-
-
-@contextlib.contextmanager
-def forwarding_signals():
-    """FORWARD handles SIGTERM / SIGUSR1 / SIGINT while the block runs (a batch, kit.run)."""
-    FORWARD.received = None
-    previous = {s: signal.signal(s, FORWARD) for s in SIGNALS}
-    try:
-        yield FORWARD
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
