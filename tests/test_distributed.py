@@ -133,8 +133,9 @@ def test_ssa_h_and_pretraining_on_two_processes_and_on_two_nodes_through_the_bat
     assert "Pretraining (held-out masked-LM loss" in (out / "tables" / "ddp.md").read_text()
 
 
+# SSA-H and masked-LM pretraining: the test above; augmentation + guiding (bert-mask with
+# task+both): the signal test below; multi-task with its stages: here
 @pytest.mark.parametrize("extra", [
-    dict(method="bert-mask", guide_loss="task+both", epochs=2),           # augmentation + guiding
     dict(method="gated", task="multitask", tasks=("RTE", "WNLI"), max_train_examples=32,
          epochs=3, gate_start_epoch=1, freeze_qkv_epoch=2),                 # multi-task, stages
 ])
@@ -153,9 +154,10 @@ def test_a_signal_to_one_rank_stops_both_at_one_checkpoint_and_resume_equals_uni
         tmp_path):
     """SIGTERM to rank 1 only, mid-epoch: both ranks stop after the same step (they agree on it
     every step), write one checkpoint and record preempted; torchrun again resumes inside the
-    epoch and ends with the uninterrupted 2-process run's metrics."""
-    base = {**SSA, "synthetic_size": 600, "epochs": 2, "save_labels": False,
-            "checkpoint_steps": 12}
+    epoch and ends with the uninterrupted 2-process run's metrics. The method family is BERT-mask
+    with both attention guiding losses (augmentation + guiding on two processes)."""
+    base = {**SSA, "method": "bert-mask", "guide_loss": "task+both", "synthetic_size": 600,
+            "epochs": 2, "save_labels": False, "checkpoint_steps": 12}
     stopped = RunConfig(**base, outputs_dir=str(tmp_path / "stopped"))
     # the uninterrupted run trains alongside (its own config file): three torchrun starts are
     # most of this test's time, and two of them overlap
