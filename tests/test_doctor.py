@@ -173,17 +173,18 @@ def test_the_probe_trains_minilm_for_real():
     threads = torch.get_num_threads()
     got = speed_probe.probe("cpu", "no", budget_s=0.0, warmup=1)
     assert got["steps"] == 1 and got["s_per_step"] > 0 and torch.get_num_threads() == threads
-    assert (got["device"], got["precision"]) == ("cpu", "no")
+    assert (got["device"], got["precision"], got["dropout_rng"]) == ("cpu", "no", "torch")
 
 
 def test_the_speed_section(monkeypatch):
     monkeypatch.setattr(doctor, "probe", lambda device, precision, budget_s: {
         "s_per_step": 0.5, "steps": 7, "device": device, "precision": precision,
-        "shape": "32 x 14 tokens, 1 thread"})
+        "dropout_rng": "torch", "shape": "32 x 14 tokens, 1 thread"})
     lines, numbers = doctor.speed("cpu", "no")
     assert numbers["predicted_s"] == speed_probe.predict(0.5)
     assert lines["probe"] == "0.500 s/step — median of 7 step(s) of minilm, 32 x 14 tokens, " \
-                             "1 thread, precision no, cpu"
+                             "1 thread, precision no, cpu, dropout torch (auto: packed for " \
+                             "bf16 on a CPU)"
     assert list(lines) == ["probe", "calibration", "demo (./run_all.sh)",
                            "tests (./run_all.sh test)"]
 

@@ -20,6 +20,9 @@ QUIET = dict(model="tiny", lr=5e-3, batch_size=16, epochs=2, report_to=("none",)
 FAMILIES = {     # method family: (settings, the signal it is stopped with)
     "ssa": (dict(task="synthetic", method="ssa-h", synthetic_size=240), signal.SIGTERM),
     "bert-mask": (dict(task="synthetic", method="bert-mask", synthetic_size=160), signal.SIGUSR1),
+    # kit.models.packed_dropout: its stream restored from the checkpoint's generator state
+    "packed-dropout": (dict(task="synthetic", method="bert", synthetic_size=160,
+                            dropout_rng="packed"), signal.SIGTERM),
     "multitask": (dict(task="multitask", tasks=("synthetic", "synthetic-pair"), method="gated",
                        synthetic_size=96, gate_start_epoch=1, freeze_qkv_epoch=1), signal.SIGINT),
     "mlm": (dict(task="CoLA", method="mlm", max_train_examples=160, max_length=32),

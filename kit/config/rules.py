@@ -14,6 +14,7 @@ CHOICES = {
     "label_rule": ("paper", "code"), "label_merge": ("variant", "union"),
     "hybrid_weighting": ("paper", "code", "logodds"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
+    "dropout_rng": ("auto", "torch", "packed"),
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
     "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
 }

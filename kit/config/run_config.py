@@ -93,6 +93,9 @@ class RunConfig:
     mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
                                        # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
     compile: bool = False              # torch.compile the model (dynamic shapes); pays off on GPUs
+    dropout_rng: str = "auto"          # auto | torch | packed: dropout's mask from 16-bit lanes of
+                                       # random words (kit.models.packed_dropout); auto: packed for
+                                       # bf16 on a CPU (kit.train.accel.resolve_dropout_rng)
     # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
     alpha: float = 0.7                 # loss = alpha * L_target + (1 - alpha) * L_SSA
     beta: float = 0.5                  # hybrid: R_o = beta * R_CLS + (1 - beta) * sum_i w_i R_i

@@ -76,7 +76,8 @@ def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -
     from transformers.utils import logging
     from kit.models.backbones import load_backbone
     from kit.methods.bert import HeadSpec, SequenceModel
-    from kit.train.accel import make_accelerator
+    from kit.models.packed_dropout import use_packed_dropout
+    from kit.train.accel import make_accelerator, resolve_dropout_rng
     from kit.train.finetune import loss_terms
     from kit.train.step import train_step
     logging.disable_progress_bar()
@@ -85,6 +86,10 @@ def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -
     try:
         accelerator = make_accelerator(precision)
         model = SequenceModel(load_backbone("minilm")[0], HeadSpec(num_labels=2)).train()
+        dropout_rng = resolve_dropout_rng("auto", accelerator.device.type,
+                                          accelerator.mixed_precision)
+        if dropout_rng == "packed":          # as a run's loop does
+            use_packed_dropout(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         model, optimizer = accelerator.prepare(model, optimizer)
         ids = torch.randint(1000, 20000, (PROBE_BATCH, PROBE_LENGTH), device=accelerator.device)
@@ -102,7 +107,7 @@ def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -
     finally:
         torch.set_num_threads(threads)
     return {"s_per_step": round(seconds, 4), "steps": steps, "device": device,
-            "precision": accelerator.mixed_precision,
+            "precision": accelerator.mixed_precision, "dropout_rng": dropout_rng,
             "shape": f"{PROBE_BATCH} x {PROBE_LENGTH} tokens, 1 thread"}
 
 
