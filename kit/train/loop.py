@@ -33,7 +33,6 @@ from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_m
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import Examples, collate
 from kit.models.model_io import save_model
-from kit.models.packed_dropout import use_packed_dropout
 from kit.train.optim import LinearSchedule, parameter_groups
 from kit.train.provenance import environment, kit_commit
 from kit.train.step import (NonFiniteLoss, check_finite, history_row, predict_logits,  # noqa: F401
@@ -147,6 +146,9 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     dropout_rng = resolve_dropout_rng(cfg.dropout_rng, accelerator.device.type,
                                       accelerator.mixed_precision)
     if dropout_rng == "packed":            # before prepare: DDP and autocast wrap the swapped model
+        # imported here: it loads transformers' modeling code (and with it scipy), which a
+        # kernel importing this loop need not pay for before a model is built
+        from kit.models.packed_dropout import use_packed_dropout
         use_packed_dropout(job.model)
     # fused AdamW: one kernel for all parameters (CPU and CUDA); ~8x faster steps on CPU
     optimizer = torch.optim.AdamW(parameter_groups(job.model, cfg.lr, cfg.weight_decay,
