@@ -59,7 +59,8 @@ def one_stop(workdir: Path, processes: int, args) -> dict:
     took = time.perf_counter() - sent
     record = json.loads((run / "metrics.json").read_text())
     return {"processes": processes, "signal_to_exit_s": round(took, 2), "exit": code,
-            "status": record["status"], "stopped_at": (record.get("preempted") or {}).get("where")}
+            "status": record["status"],
+            **{k: (record.get("preempted") or {}).get(k) for k in ("signal", "during", "step")}}
 
 
 def main() -> None:
