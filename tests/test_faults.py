@@ -8,6 +8,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import pytest
@@ -115,20 +116,37 @@ def test_a_run_without_save_checkpoints_resumes_after_a_signal_and_keeps_no_chec
 
 # ---------------------------------------------------------------- 2. stops inside a pass
 
-def test_a_signal_during_evaluation_stops_within_the_pass_and_the_rerun_evaluates_again(
-        tmp_path, monkeypatch, comparable):
-    settings = {**TINY, "eval_batch_size": 8}           # 24 dev rows: 3 batches
+class Stopped(NamedTuple):
+    straight_cfg: RunConfig     # the run without a signal
+    straight: dict              # its metrics
+    cfg: RunConfig              # the run the signal stopped
+    ran: list                   # the batches each watched pass ran
+    record: dict                # metrics.json's "preempted"
+
+
+def stopped_inside_pass(tmp_path, monkeypatch, settings: dict, which: str, after: int,
+                        **signalled) -> Stopped:
+    """The run of `settings` straight (in tmp_path/straight), then again (tmp_path/stopped) with
+    a signal during batch `after` of the pass `which` (signal_inside_pass, `signalled` passed
+    on), which must end it as preempted; the signal's patch undone."""
     straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
     straight = fit(straight_cfg)
-    ran = signal_inside_pass(monkeypatch, "eval", after=2)
+    ran = signal_inside_pass(monkeypatch, which, after, **signalled)
     cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
     with pytest.raises(RunPreempted):
         fit(cfg)
+    monkeypatch.undo()
+    return Stopped(straight_cfg, straight, cfg, ran, read_metrics(run_dir_of(cfg))["preempted"])
+
+
+def test_a_signal_during_evaluation_stops_within_the_pass_and_the_rerun_evaluates_again(
+        tmp_path, monkeypatch, comparable):
+    settings = {**TINY, "eval_batch_size": 8}           # 24 dev rows: 3 batches
+    straight_cfg, straight, cfg, ran, stopped = stopped_inside_pass(
+        tmp_path, monkeypatch, settings, "eval", after=2)
     assert ran == [2]                         # 2 batches of 3, then the stop
-    stopped = read_metrics(run_dir_of(cfg))["preempted"]
     assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (1, 6, "evaluation")
     assert stopped["checkpoint"] is not None
-    monkeypatch.undo()
     resumed = fit(cfg)
     assert resumed["resumed_inside_epoch"] == {"epoch": 0, "position": 6}
     assert comparable(resumed) == comparable(straight)
@@ -139,17 +157,11 @@ def test_a_signal_during_evaluation_stops_within_the_pass_and_the_rerun_evaluate
 def test_a_signal_during_ssa_label_generation_stops_within_the_pass_and_the_labels_are_drawn_again(
         tmp_path, monkeypatch, comparable):
     settings = {**TINY, "method": "ssa-h", "eval_batch_size": 16}   # 96 rows probed: 6 batches
-    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
-    straight = fit(straight_cfg)
-    ran = signal_inside_pass(monkeypatch, "label generation", after=3, signum=signal.SIGTERM)
-    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
-    with pytest.raises(RunPreempted):
-        fit(cfg)
+    straight_cfg, straight, cfg, ran, stopped = stopped_inside_pass(
+        tmp_path, monkeypatch, settings, "label generation", after=3, signum=signal.SIGTERM)
     assert ran == [3]                         # 3 batches of 6, then the stop
-    stopped = read_metrics(run_dir_of(cfg))["preempted"]
     assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, 0, "label generation")
     assert stopped["signal"] == "SIGTERM" and stopped["checkpoint"] is not None
-    monkeypatch.undo()
     resumed = fit(cfg)
     assert resumed["resumed_after_epoch"] == 0 and resumed["resumed_inside_epoch"] is None
     assert comparable(resumed) == comparable(straight)           # the SSA label stats too
@@ -169,17 +181,11 @@ def test_a_signal_during_test_prediction_of_a_run_without_checkpoints_resumes_to
                     csv_test_path=str(test), n_folds=2, model="tiny", epochs=2, lr=1e-3,
                     max_train_examples=48, eval_batch_size=8, save_checkpoints=False,
                     report_to=("none",))
-    straight_cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "straight"))
-    fit(straight_cfg)
-    ran = signal_inside_pass(monkeypatch, "eval", after=1, rows=30)     # the test's 30 rows
-    cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "stopped"))
-    with pytest.raises(RunPreempted):
-        fit(cfg)
+    straight_cfg, _, cfg, ran, stopped = stopped_inside_pass(
+        tmp_path, monkeypatch, settings, "eval", after=1, rows=30)     # the test's 30 rows
     assert ran == [1]                         # the first of 4 batches, then the stop
-    stopped = read_metrics(run_dir_of(cfg))["preempted"]
     assert (stopped["epoch"], stopped["batch"], stopped["during"]) == (2, None, "test prediction")
     assert not (run_dir_of(cfg) / "submission.csv").exists()
-    monkeypatch.undo()
     assert fit(cfg)["resumed_after_epoch"] == 1
     assert ((run_dir_of(cfg) / "submission.csv").read_bytes()
             == (run_dir_of(straight_cfg) / "submission.csv").read_bytes())
