@@ -80,12 +80,7 @@ class Stop:
         stop, due = self.signal is not None, self.due(step)
         if accelerator.num_processes == 1:
             return stop, due
-        flags = torch.tensor([float(stop), float(due and accelerator.is_main_process)],
-                             device=accelerator.device)
-        flags = accelerator.reduce(flags, "sum")
-        if flags[0] and self.signal is None:
-            self.signal = "a signal to another rank"
-        return bool(flags[0]), bool(flags[1])
+        return tuple(self._summed([stop, due and accelerator.is_main_process], accelerator))
 
     def requested(self, state) -> bool:
         """Whether any rank was signalled, the same answer on every rank: asked between the
@@ -93,11 +88,16 @@ class Stop:
         PartialState). One process: no collective."""
         if state.num_processes == 1:
             return self.signal is not None
+        return self._summed([self.signal is not None], state)[0]
+
+    def _summed(self, flags: list[bool], state) -> list[bool]:
+        """Each flag: set on any rank (an all-reduce sum). The first says this rank was
+        signalled: set elsewhere only, the stop is noted as another rank's."""
         from accelerate.utils import reduce
-        flag = reduce(torch.tensor([float(self.signal is not None)], device=state.device), "sum")
-        if flag[0] and self.signal is None:
+        total = reduce(torch.tensor([float(f) for f in flags], device=state.device), "sum")
+        if total[0] and self.signal is None:
             self.signal = "a signal to another rank"
-        return bool(flag[0])
+        return [bool(f) for f in total]
 
     def between_batches(self, state) -> None:
         """Raise Interrupted if a stop was requested (`requested`)."""
