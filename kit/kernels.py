@@ -39,6 +39,7 @@ from jupyter_core.utils import run_sync
 
 from kit.config.paths import PROJECT as REPO      # kernels start in the project folder
 from kit.train import progress as kprogress
+from kit.train.preemption import SIGNALS      # what a run notes is what the batch passes on
 
 # papermill -> nbformat -> jsonschema builds lark grammars for its optional IRI format checks when
 # rfc3987_syntax is installed (jupyter's extras install it): 0.75 s of every batch's start
@@ -211,7 +212,6 @@ def _run_quietly(manager: _Manager, code: str, timeout: float = 120) -> None:
 
 # ---------------------------------------------------------------- signals to the running point
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 RESEND_S = 0.2          # how soon a signal reaches a point whose kernel was idle or starting
 
 
