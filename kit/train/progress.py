@@ -66,10 +66,15 @@ class LineBar(terminal_tqdm):
         super().close()
 
 
+def _shell():
+    """IPython's running shell, or None (IPython not even imported: a plain process)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
 def in_notebook() -> bool:
     """Whether this process is a Jupyter kernel (JupyterLab, papermill), as tqdm.auto decides."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
+    shell = _shell()
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
@@ -224,9 +229,7 @@ class EpochTable:
 
 def _cell():
     """Which cell is running (IPython's execution count): a table belongs to one cell."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    return getattr(shell, "execution_count", None)
+    return getattr(_shell(), "execution_count", None)
 
 
 # ---------------------------------------------------------------- a finished run reused
