@@ -141,9 +141,8 @@ cd {project} || exit 1
 # signal that comes before the batch has started is passed on once it has
 batch="" warned="" early=""
 trap 'warned=yes early=USR1; [ -n "$batch" ] && kill -USR1 $batch 2>/dev/null' USR1
-trap 'early=${{early:-TERM}}; [ -n "$batch" ] && kill -TERM $batch 2>/dev/null' TERM
-# a background job ignores SIGINT: it is passed on as SIGTERM, which the batch treats alike
-trap 'early=${{early:-TERM}}; [ -n "$batch" ] && kill -TERM $batch 2>/dev/null' INT
+# SIGINT too is passed on as SIGTERM (a background job ignores SIGINT; the batch treats it alike)
+trap 'early=${{early:-TERM}}; [ -n "$batch" ] && kill -TERM $batch 2>/dev/null' TERM INT
 {command} &
 batch=$!
 [ -n "$early" ] && kill -$early $batch 2>/dev/null
