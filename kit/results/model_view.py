@@ -29,21 +29,17 @@ def dev_predictions(run_dir: str | os.PathLike, predict: Callable, max_rows: int
     regression `error` (prediction - label). attrs: task, split, regression, pair (a pair
     task), run_id. A sample to look at, bounded in time: the whole dev set's scores are in
     metrics.json."""
-    from kit.data.pipeline import load_task_data      # torch: the predictions need it anyway
     config = runs.read_config(run_dir)
     if config is None:
         raise ValueError(f"{run_dir}: not a run folder (it has no config.json)")
-    known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
-    data = load_task_data(RunConfig.from_dict(known))
-    name, split = next(iter(data.dev.items()))
-    rows = split.subset(np.arange(min(max_rows, len(split))))
+    task, name, rows = dev_sample(config, max_rows)
     texts = rows.text_a if rows.text_b is None else list(zip(rows.text_a, rows.text_b))
     preds = predict(run_dir, texts).reset_index(drop=True)
-    columns = list(data.task.text_columns)[:2 if rows.text_b is not None else 1]
+    columns = list(task.text_columns)[:2 if rows.text_b is not None else 1]
     frame = pd.DataFrame(dict(zip(columns, [rows.text_a, rows.text_b])))
-    regression = data.task.regression
+    regression = task.regression
     frame["label"] = (rows.labels.astype(float) if regression
-                      else [data.task.labels[int(y)] for y in rows.labels])
+                      else [task.labels[int(y)] for y in rows.labels])
     frame["prediction"] = preds["prediction"]
     if regression:
         frame["error"] = frame["prediction"] - frame["label"]
@@ -52,10 +48,21 @@ def dev_predictions(run_dir: str | os.PathLike, predict: Callable, max_rows: int
         frame["confidence"] = probs.max(axis=1)
         frame["correct"] = frame["prediction"] == frame["label"]
         frame = pd.concat([frame, probs], axis=1)
-    frame.attrs.update(task=data.task.name, split=name, regression=regression,
+    frame.attrs.update(task=task.name, split=name, regression=regression,
                        pair=rows.text_b is not None,
                        run_id=config.get("run_id", os.path.basename(str(run_dir))))
     return frame
+
+
+def dev_sample(config: dict, n: int) -> tuple:
+    """(task, the name of its first dev split, that split's first `n` rows) as the run of this
+    config.json read them (kit.data.pipeline.load_task_data; fields the kit no longer has are
+    left out)."""
+    from kit.data.pipeline import load_task_data      # torch: what uses the rows needs it anyway
+    known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
+    data = load_task_data(RunConfig.from_dict(known))
+    name, split = next(iter(data.dev.items()))
+    return data.task, name, split.subset(np.arange(min(n, len(split))))
 
 
 def surest_errors(frame: pd.DataFrame, n: int = 10) -> pd.DataFrame:

@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from kit import methods, runs
-from kit.config.run_config import RunConfig
 from kit.config.tasks import get_task
 from kit.models.backbones import load_tokenizer
+from kit.results.model_view import dev_sample
 from kit.results.token_view import DISPLAY_LABELS, token_scores
 
 VIEWS = {"labels": "SSA label", "p_important": "P(important), the token head",
@@ -143,7 +143,7 @@ def score_tokens(run_dir: Path, n: int = 6, by: str = "p_important",
     config = runs.read_config(run_dir) or {}
     task = _task(config)
     if sentences is None:
-        split = _dev_rows(config, n)
+        split = dev_sample(config, n)[2]
     else:
         rows = [[s] if isinstance(s, str) else list(s) for s in sentences]
         split = Split([r[0] for r in rows], [r[1] for r in rows] if len(rows[0]) == 2 else None,
@@ -223,14 +223,6 @@ def run_tokenizer(run_dir: Path, config: dict):
                               local_only=True)
     finally:
         hf_logging.set_verbosity(level)
-
-
-def _dev_rows(config: dict, n: int):
-    """The first `n` rows of the run's first dev split, as the run read them."""
-    from kit.data.pipeline import load_task_data
-    known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
-    split = next(iter(load_task_data(RunConfig.from_dict(known)).dev.values()))
-    return split.subset(np.arange(min(n, len(split))))
 
 
 # ---------------------------------------------------------------- HTML
