@@ -29,7 +29,7 @@ from kit import methods, runs
 from kit.config.tasks import get_task
 from kit.models.backbones import load_tokenizer
 from kit.results.model_view import dev_sample
-from kit.results.token_view import DISPLAY_LABELS, token_scores
+from kit.results.token_view import display_label, token_scores
 
 VIEWS = {"labels": "SSA label", "p_important": "P(important), the token head",
          "attention": "[CLS] attention, last layer (scaled to the sentence's largest)"}
@@ -206,8 +206,7 @@ def label_text(config: dict, value) -> str:
         return str(value)
     if task.regression:
         return f"{float(value):.2f}"
-    name = task.labels[int(value)]
-    return DISPLAY_LABELS.get(task.name, {}).get(name, name)
+    return display_label(task.name, task.labels[int(value)])
 
 
 def run_tokenizer(run_dir: Path, config: dict):

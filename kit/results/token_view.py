@@ -39,7 +39,8 @@ def find_run(runs_df: pd.DataFrame, method: str, seed: int | None = None) -> Pat
     return Path(with_ckpt.sort_values("score", ascending=False)["run_dir"].iloc[0])
 
 
-def _display_label(task: str, label: str) -> str:
+def display_label(task: str, label: str) -> str:
+    """A class name as figures and views show it (SST-2's "1": positive)."""
     return DISPLAY_LABELS.get(task, {}).get(label, label)
 
 
@@ -84,7 +85,7 @@ def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[
         else:
             probs = torch.softmax(logits, -1)
             k = int(probs.argmax())
-            prediction = _display_label(task.name, task.labels[k])
+            prediction = display_label(task.name, task.labels[k])
             confidence = float(probs[k])
         tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0][real].tolist())
         text = sentence if isinstance(sentence, str) else " ||| ".join(sentence)
