@@ -104,10 +104,11 @@ def test_run_lock_is_exclusive(tmp_path):
 
 
 def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys,
-                                                      batch_kernel):
-    """All four methods through papermill; a failing point is recorded and the batch goes on;
-    a rerun skips finished runs and retries only the failed one. The failing point comes first
-    (one point: each failure costs a kernel start, ~10 s on a 2-core AVX2 CPU)."""
+                                                      batch_kernel, kernel_starts):
+    """All four methods through papermill; a failing point is recorded, takes its kernel with
+    it and the batch goes on in a new one; a rerun skips finished runs and retries only the
+    failed one. The failing point comes first (one point: each failure costs a kernel start,
+    ~10 s on a 2-core AVX2 CPU)."""
     outputs = tmp_path / "out"
     smoke = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
     failing = {**smoke["grid"], "task": "RTE", "method": "ssa-h", "model": "/nonexistent/model"}
@@ -118,6 +119,7 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
     assert batch.run_profile(str(profile), outputs_dir=str(outputs), report=False) == 1
     summary = capsys.readouterr().out.strip().splitlines()[-1]
     assert "4 ok, 0 skipped, 1 failed" in summary
+    assert len(kernel_starts) == 1         # the four points after the failure: one new kernel
     for point in points:
         run = run_dir_of(RunConfig.from_dict(point))
         record = json.loads((run / "metrics.json").read_text())
@@ -146,7 +148,6 @@ grid:
     epochs: 2
     lr: 5.0e-3
     method: ssa-h
-  - {<<: *point, method: bert, model: /nonexistent/model}
   - {<<: *point, method: bert, mixed_precision: "no"}
   - {<<: *point, method: bert-mask, predict_test: false}
 """
@@ -161,11 +162,12 @@ def _without_timings(value):
     return value
 
 
-def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch):
-    """A point run after another in a warm kernel (BERT-mask after fp32, the first kernel having
-    run bf16) gives bit for bit the results of a fresh kernel; a failed point takes its kernel
-    with it. Only that point is rerun fresh: the others ran first in their kernel."""
+@pytest.fixture
+def kernel_starts(monkeypatch, warm_kernels) -> list:
+    """The kernels kit.kernels starts from here on, one entry each (this worker's warm kernel
+    already running: whichever test comes first does not count its start)."""
     from kit import kernels
+    warm_kernels.start()
     starts, start = [], kernels._Manager.start_kernel
 
     async def counted(self, **kwargs):
@@ -173,16 +175,30 @@ def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch):
         return await start(self, **kwargs)
 
     monkeypatch.setattr(kernels._Manager, "start_kernel", counted)
+    return starts
+
+
+def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch, warm_kernels,
+                                                     kernel_starts):
+    """A point run after others in a warm kernel (BERT-mask after SSA-H and fp32, in this test
+    worker's kernel, which has run whatever tests ran before) gives bit for bit the results of
+    a fresh kernel. Only that point is rerun fresh: the others ran first in their kernel. (A
+    failed point taking its kernel with it: the smoke test above.)"""
+    import contextlib
+
+    fresh_kernels = batch.Kernels
+    monkeypatch.setattr(batch, "Kernels", lambda fresh=False: (
+        fresh_kernels(fresh=True) if fresh else contextlib.nullcontext(warm_kernels)))
     warm = write_profile(tmp_path, WARM_GRID)
-    assert batch.run_profile(str(warm), outputs_dir=str(tmp_path / "warm"),
-                             report=False) == 1   # one failed
-    assert len(starts) == 2                    # the first kernel, and one after the failure
+    assert batch.run_profile(str(warm), outputs_dir=str(tmp_path / "warm"), report=False) == 0
+    assert kernel_starts == []                 # all three in the warm kernel
     fresh = tmp_path / "fresh" / "p.yaml"             # the same profile name, the warm point
     fresh.parent.mkdir()
     fresh.write_text(yaml.safe_dump({"grid": yaml.safe_load(WARM_GRID)["grid"][-1]}))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")        # the warm kernel's threads: the same sums
     assert batch.run_profile(str(fresh), outputs_dir=str(tmp_path / "fresh"),
                              fresh_kernels=True, report=False) == 0
-    assert len(starts) == 3                    # a fresh kernel for its one point
+    assert len(kernel_starts) == 1             # a fresh kernel for its one point
     fresh_runs = list((tmp_path / "fresh" / "runs").iterdir())
     assert len(fresh_runs) == 1 and fresh_runs[0].name.startswith("synthetic-bert-mask")
     for run in fresh_runs:
@@ -224,8 +240,9 @@ grid:
 
 def test_notebook_defaults_do_not_leak_into_the_run(tmp_path, batch_kernel):
     """The grid sets neither lr nor synthetic_size, whose finetune.ipynb defaults (a smoke run)
-    differ from RunConfig's: the notebook must still train exactly the runner's config."""
-    path = write_profile(tmp_path, "grid:\n  model: tiny\n  epochs: 1\n  synthetic_size: 2000\n")
+    differ from RunConfig's: the notebook must still train exactly the runner's config (on
+    its first 64 rows: what is trained does not matter here)."""
+    path = write_profile(tmp_path, "grid:\n  model: tiny\n  epochs: 1\n  max_train_examples: 64\n")
     outputs = tmp_path / "out"
     assert batch.run_profile(str(path), outputs_dir=str(outputs), report=False) == 0
     cfg = RunConfig.from_dict(batch.load_profile(str(path), str(outputs)).points[0])
