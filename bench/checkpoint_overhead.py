@@ -143,7 +143,7 @@ def run_direct(args) -> dict:
     from accelerate.utils import set_seed
 
     from kit.config.run_config import RunConfig
-    from kit.data.pipeline import collate
+    from kit.data.tensors import collate
     from kit.train import loop, run_state
     from kit.train.accel import make_accelerator
     from kit.train.finetune import SingleTask

@@ -39,8 +39,6 @@ from kit.kernels import (FORWARD, Kernels, forwarding_signals, prepare_kernels, 
 from kit.results import profile_outputs
 from kit.train.preemption import PREEMPTED_EXIT
 from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
-from kit.train.provenance import environment
-from kit.train.accel import cpu_threads
 from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.data.readers import DataError
 from kit.runs import (finished_metrics, make_run_dir, metrics_path, read_metrics, record_failed,
@@ -132,6 +130,7 @@ def _outcome(cfg: RunConfig, detail: str, recorded: bool, processes: int = 1) ->
     if FORWARD.received:
         return "stopped", "before it trained"
     if status != "failed":                  # a process that died before writing its record
+        from kit.train.provenance import environment    # torch: a batch loads it only here
         record_failed(cfg, detail, environment=environment(processes))
     return "failed", record.get("error") or detail
 
@@ -141,6 +140,8 @@ def _run_distributed(cfg: RunConfig, processes: int, grace_s: int, nodes: int = 
     """One point on `processes` data-parallel processes per node (gloo on CPU, NCCL on GPUs):
     torchrun, on this node alone or on `nodes` nodes meeting at `rdzv` (kit.kernels)."""
     import tempfile
+
+    from kit.train.accel import cpu_threads     # torch: a batch of one process never loads it
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(cfg.to_dict(), f)
     cmd = torchrun_command(["-m", "kit.train.finetune", f.name], processes, grace_s, nodes,

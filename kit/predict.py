@@ -22,7 +22,8 @@ import torch
 from kit import io as kio
 from kit import runs
 from kit.models.backbones import ModelError
-from kit.data.pipeline import collate, encode, sorted_batches
+from kit.data.pipeline import encode, sorted_batches
+from kit.data.tensors import collate
 from kit.models.model_io import SPEC
 from kit.methods.bert import SequenceModel, load_trained
 from kit.data.readers import DataError

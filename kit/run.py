@@ -28,14 +28,13 @@ import yaml
 from kit import batch
 from kit import runs
 from kit.models.backbones import ModelError
-from kit.config.paths import outputs_root
+from kit.config.paths import kit_commit, outputs_root
 from kit.config.run_config import ConfigError, RunConfig, field_types
 from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.data.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
 from kit.train.progress import epoch_number, reuse_line
-from kit.train.provenance import kit_commit
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
 OPTIONS = ("notebook",)            # options of this command, not RunConfig fields

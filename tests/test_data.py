@@ -11,8 +11,9 @@ from hypothesis.extra import numpy as hnp
 from kit.data import pipeline as data, synthetic, token_cache
 from kit.models.backbones import load_tokenizer
 from kit.config.run_config import RunConfig
-from kit.data.pipeline import (IGNORE, Examples, collate, encode, length_grouped_batches,
-                               load_task_data, random_batches, sorted_batches)
+from kit.data.pipeline import (IGNORE, Examples, encode, length_grouped_batches, load_task_data,
+                               random_batches, sorted_batches)
+from kit.data.tensors import collate
 from kit.data.readers import DataError, read_glue_split
 from kit.config.tasks import Split, get_task
 

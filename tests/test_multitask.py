@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from kit.models.backbones import load_backbone
 from kit.config.run_config import ConfigError, RunConfig
-from kit.data.pipeline import collate, encode, load_task_data
+from kit.data.pipeline import encode, load_task_data
+from kit.data.tensors import collate
 from kit.methods.bert import target_loss
 from kit.train.multitask import (TaskMixer, epoch_table, fit_multitask, per_task_table,
                                  sampling_exponent, task_probabilities, task_schedule)

@@ -19,7 +19,8 @@ from kit.train.accel import (choose_device, explain_mps_errors, machine_device, 
                              make_accelerator, mps_missing_op, resolve_precision)
 from kit.models.backbones import load_backbone
 from kit.config.run_config import RunConfig
-from kit.data.pipeline import collate, encode, load_task_data
+from kit.data.pipeline import encode, load_task_data
+from kit.data.tensors import collate
 from kit.train.loop import predict_logits as _predict_logits
 from kit.methods.bert import HeadSpec, SequenceModel
 from kit.train.finetune import fit, run_dir_of

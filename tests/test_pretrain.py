@@ -15,7 +15,8 @@ from kit import batch
 from kit import run as krun
 from kit.models.backbones import ModelError, load_tokenizer
 from kit.config.run_config import ConfigError, RunConfig
-from kit.methods.mlm import Masker, load_text, mask_all
+from kit.data.pretrain_text import load_text
+from kit.methods.mlm import Masker, mask_all
 from kit.data.readers import DataError
 from kit.runs import checkpoint_dir, run_dir_of
 from kit.train.finetune import fit

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kit import batch, runs
+from kit.config import paths
 from kit.train import provenance
 from kit.results import collect, profile_outputs, table_sets, writers
 from kit.config.run_config import RunConfig
@@ -86,18 +87,18 @@ def test_a_failed_run_records_where_it_failed(tmp_path):
 
 
 def test_the_commit_is_none_outside_a_checkout(tmp_path):
-    assert provenance.kit_commit(tmp_path) == (None, None)
+    assert paths.kit_commit(tmp_path) == (None, None)
 
 
 def test_runs_record_this_checkouts_commit():
     """The default is the checkout kit/ lives in (the layout move once pointed it at kit/ itself,
     and every run recorded no commit)."""
     repo = Path(__file__).resolve().parents[1]
-    assert provenance.REPO == repo
+    assert paths.PROJECT == repo
     if (repo / ".git").exists() and shutil.which("git"):
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
-        assert provenance.kit_commit()[0] == head
+        assert paths.kit_commit()[0] == head
 
 
 @pytest.mark.parametrize("change, dirty", [(None, False), ("untracked", False), ("tracked", True)])
@@ -115,7 +116,7 @@ def test_only_tracked_changes_make_the_checkout_dirty(tmp_path, change, dirty):
         (tmp_path / "outputs" / "metrics.json").write_text("{}")
     elif change == "tracked":
         (tmp_path / "kit.py").write_text("a = 2\n")
-    assert provenance.kit_commit(tmp_path) == (git("rev-parse", "HEAD"), dirty)
+    assert paths.kit_commit(tmp_path) == (git("rev-parse", "HEAD"), dirty)
 
 
 def _env(cpu_class="avx2", torch="2.13.0", gpu=None):

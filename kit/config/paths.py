@@ -13,7 +13,9 @@ happened to start":
   model folder, reuse_labels_from), except that a relative path which exists only relative to
   the current directory is taken from there (a CSV put beside the notebook, `csv_path="my.csv"`);
 - `outputs_root(outputs_dir)`: the outputs folder; the default "outputs" means
-  $SSA_KIT_OUTPUTS when that is set (in notebooks too).
+  $SSA_KIT_OUTPUTS when that is set (in notebooks too);
+- `kit_commit()`: the project's git commit, which every run records (kit.train.provenance) and
+  a reused run is compared with.
 
 Config strings stay as given (a run id never depends on where a path was resolved): these
 functions are applied where a path is used (kit.runs.runs_root, kit.data.pipeline, the token
@@ -22,6 +24,7 @@ cache, the results writers). Nothing here imports torch or the rest of the kit.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[2]     # kit/config/paths.py -> ../../..
@@ -57,3 +60,24 @@ def outputs_root(outputs_dir: str | os.PathLike = DEFAULT_OUTPUTS) -> Path:
     it is set, else `project_path(outputs_dir)`."""
     chosen = os.environ.get(OUTPUTS_ENV) if Path(outputs_dir) == Path(DEFAULT_OUTPUTS) else None
     return project_path(chosen or outputs_dir)
+
+
+def kit_commit(repo: Path = PROJECT) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the kit's git checkout; (None, None) without git or a checkout (a
+    pip-installed kit). Dirty counts tracked files only: outputs/ and other untracked files
+    change no result. Not cached: a long-lived kernel may see commits between its runs (~10 ms).
+    Only the kit's own checkout counts: a kit installed into a venv inside some other repository
+    would otherwise report that repository's commit."""
+    if not (repo / ".git").exists():                  # a folder, or a file in a worktree
+        return None, None
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], text=True,
+                              capture_output=True, timeout=10)
+        if head.returncode != 0:
+            return None, None
+        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain",
+                                 "--untracked-files=no"], text=True, capture_output=True,
+                                timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return head.stdout.strip(), bool(status.stdout.strip())

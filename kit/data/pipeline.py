@@ -4,6 +4,8 @@ Texts are tokenized once per run into unpadded id arrays (`Examples`); every bat
 its own longest row. Training batches are length-grouped (shuffled mega-batches sorted by length),
 so almost every token in a batch is a real one; evaluation batches are fully sorted. A user's CSV
 task is read by kit.data.csv_data; tokenized splits are kept on disk by kit.data.token_cache.
+Batches become torch tensors in kit.data.tensors: this module loads no torch, so a batch's
+pre-flight reads and checks data without it.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from kit.config.paths import PROJECT, input_path
 from kit.data import hub, readers, synthetic, token_cache
@@ -205,27 +206,6 @@ def pad_rows(rows: list[np.ndarray], fill, dtype=None, real: np.ndarray | None =
 def unpad(matrix: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     """pad_rows undone: row i's first lengths[i] entries, as a copy."""
     return [matrix[i, :n].copy() for i, n in enumerate(lengths)]
-
-
-def collate(examples: Examples, idx: list[int], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad the rows `idx` to their longest one: input ids with `pad_id`, the attention mask and
-    token types with 0, the special-token mask with True (padding is never labelled), SSA
-    labels with IGNORE."""
-    real = real_positions([examples.input_ids[i] for i in idx])
-
-    def padded(rows: list[np.ndarray], fill, dtype) -> torch.Tensor:
-        return torch.from_numpy(pad_rows([rows[i] for i in idx], fill, dtype, real))
-
-    batch = {"input_ids": padded(examples.input_ids, pad_id, np.int64),
-             "attention_mask": torch.from_numpy(real.astype(np.int64)),
-             "special_mask": padded(examples.special, True, bool),
-             "labels": torch.from_numpy(examples.labels[np.asarray(idx)]),
-             "rows": torch.as_tensor(idx, dtype=torch.int64)}
-    if examples.token_type_ids is not None:
-        batch["token_type_ids"] = padded(examples.token_type_ids, 0, np.int64)
-    if examples.ssa_labels is not None:
-        batch["ssa_labels"] = padded(examples.ssa_labels, IGNORE, np.int64)
-    return batch
 
 
 def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,

@@ -16,6 +16,7 @@ import pandas as pd
 
 from kit import runs
 from kit.config.run_config import RunConfig
+from kit.data.pipeline import load_task_data
 
 PROB = "prob_"       # kit.predict's probability columns: prob_<class name>
 
@@ -58,7 +59,6 @@ def dev_sample(config: dict, n: int) -> tuple:
     """(task, the name of its first dev split, that split's first `n` rows) as the run of this
     config.json read them (kit.data.pipeline.load_task_data; fields the kit no longer has are
     left out)."""
-    from kit.data.pipeline import load_task_data      # torch: what uses the rows needs it anyway
     known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
     data = load_task_data(RunConfig.from_dict(known))
     name, split = next(iter(data.dev.items()))

@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from kit import methods, runs
-from kit.config.tasks import get_task
+from kit.config.tasks import Split, get_task
+from kit.data.pipeline import encode
 from kit.models.backbones import load_tokenizer
 from kit.results.model_view import dev_sample
 from kit.results.token_view import display_label, token_scores
@@ -138,8 +139,6 @@ def score_tokens(run_dir: Path, n: int = 6, by: str = "p_important",
                  sentences=None) -> TokenView:
     """A checkpoint view (p_important or attention) of the dev set's first `n` sentences, or
     of `sentences` (no label, no cue marks), through token_view.token_scores."""
-    from kit.config.tasks import Split
-    from kit.data.pipeline import encode      # torch: only for the views that load a model
     config = runs.read_config(run_dir) or {}
     task = _task(config)
     if sentences is None:

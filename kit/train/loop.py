@@ -31,10 +31,12 @@ from kit.train import tracking as ktracking
 from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
                              reset_peak_memory, resolve_dropout_rng)
 from kit.config.run_config import RunConfig
-from kit.data.pipeline import Examples, collate
+from kit.data.pipeline import Examples
+from kit.data.tensors import collate
 from kit.models.model_io import save_model
 from kit.train.optim import LinearSchedule, parameter_groups
-from kit.train.provenance import environment, kit_commit
+from kit.config.paths import kit_commit
+from kit.train.provenance import environment
 from kit.train.step import (NonFiniteLoss, check_finite, history_row, predict_logits,  # noqa: F401
                             shard, to_device, train_step)
 

@@ -26,8 +26,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 PREEMPTED_EXIT = 75          # sysexits.h EX_TEMPFAIL: a temporary failure, retry later
 
@@ -92,7 +90,10 @@ class Stop:
 
     def _summed(self, flags: list[bool], state) -> list[bool]:
         """Each flag: set on any rank (an all-reduce sum). The first says this rank was
-        signalled: set elsewhere only, the stop is noted as another rank's."""
+        signalled: set elsewhere only, the stop is noted as another rank's. (torch imported
+        here, the one place that needs it: a batch process imports this module for its signals
+        and loads no torch.)"""
+        import torch
         from accelerate.utils import reduce
         total = reduce(torch.tensor([float(f) for f in flags], device=state.device), "sum")
         if total[0] and self.signal is None:

@@ -13,7 +13,7 @@ from kit.config.tasks import GLUE_TASKS
 from kit.data.hub import hub_unreachable
 from kit.data.pipeline import glue_source, load_task_data
 from kit.data.readers import DataError
-from kit.methods.mlm import load_text
+from kit.data.pretrain_text import load_text
 from kit.models.backbones import check_hub_model
 from kit.train import tracking as ktracking
 

@@ -4,7 +4,7 @@ THE loop (kit.train.loop), beside kit.train.finetune.SingleTask and kit.train.mu
     pretrain(RunConfig(task="RTE", method="mlm", adapted_dir="outputs/adapted/rte-minilm"))
     fit(RunConfig(task="RTE", model="outputs/adapted/rte-minilm"))      # then fine-tune it
 
-What it brings to the loop: the task's text (kit.methods.mlm), any encoder the kit loads with
+What it brings to the loop: the task's text (kit.data.pretrain_text), any encoder the kit loads with
 a masked-LM head (initialised where the checkpoint has none: `mlm_head_initialised` in
 metrics.json), transformers' masking drawn per batch from (seed, epoch, the batch's rows), so a
 resumed run is bit-exact, and per epoch the masked-LM loss and perplexity of the held-out dev
@@ -32,7 +32,8 @@ from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import (IGNORE, Examples, encode, length_grouped_batches, pad_rows,
                                random_batches, sorted_batches)
-from kit.methods.mlm import Masker, load_text, mask_all, padded_offsets, seed_of, word_offsets
+from kit.data.pretrain_text import load_text
+from kit.methods.mlm import Masker, mask_all, padded_offsets, seed_of, word_offsets
 from kit.data.token_cache import token_cache_dir
 
 HELDOUT_SEED = 0           # the held-out masks do not follow the run's seed: every run compares

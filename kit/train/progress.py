@@ -238,7 +238,7 @@ def reuse_line(metrics: dict, checkout: tuple[str | None, bool | None],
                rerun: str = "rerun=True") -> str:
     """One line saying that `metrics` (a finished run's metrics.json) are reused rather than
     trained: its run id, when and at which commit it was trained, a warning when that commit is
-    not `checkout` (kit.train.provenance.kit_commit(): the code now) or either had uncommitted
+    not `checkout` (kit.config.paths.kit_commit(): the code now) or either had uncommitted
     changes, and how to train it again (`rerun`, as the reader spells it)."""
     env = metrics.get("environment") or {}
     commit, dirty = env.get("kit_commit"), env.get("kit_dirty")

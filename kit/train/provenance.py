@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kit.config.paths import PROJECT as REPO     # the checkout whose commit a run records
+from kit.config.paths import kit_commit     # the checkout whose commit a run records
 from kit.train.accel import cpu_has_native_bf16, cuda_has_native_bf16, machine_device
 
 # the capabilities that decide what the kit does on a CPU (torch.cpu.get_capabilities() names,
@@ -84,27 +84,6 @@ def gpu_info() -> dict | None:
     if device == "mps":
         return {"kind": "mps", "name": "Apple MPS", "count": 1}
     return None
-
-
-def kit_commit(repo: Path = REPO) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the kit's git checkout; (None, None) without git or a checkout (a
-    pip-installed kit). Dirty counts tracked files only: outputs/ and other untracked files
-    change no result. Not cached: a long-lived kernel may see commits between its runs (~10 ms).
-    Only the kit's own checkout counts: a kit installed into a venv inside some other repository
-    would otherwise report that repository's commit."""
-    if not (repo / ".git").exists():                  # a folder, or a file in a worktree
-        return None, None
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], text=True,
-                              capture_output=True, timeout=10)
-        if head.returncode != 0:
-            return None, None
-        status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain",
-                                 "--untracked-files=no"], text=True, capture_output=True,
-                                timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    return head.stdout.strip(), bool(status.stdout.strip())
 
 
 @functools.cache

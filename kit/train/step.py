@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kit.data.pipeline import Examples, collate, sorted_batches
+from kit.data.pipeline import Examples, sorted_batches
+from kit.data.tensors import collate
 from kit.train import progress as kprogress
 
 
