@@ -182,15 +182,17 @@ def speed(device: str, precision: str, budget_s: float = 5.0) -> tuple[dict, dic
         result = probe(device, precision, budget_s)
     except Exception as err:  # noqa: BLE001
         return {"probe": f"failed — {type(err).__name__}: {err}"}, {}
-    s, times, line = result["s_per_step"], predict(result["s_per_step"]), fits()
+    s, at = result["s_per_step"], result["precision"]
+    times, line = predict(s, precision=at), fits(precision=at)
     (a, k), (b, m) = line["demo_s"], line["suite_s"]
     lines = {"probe": f"{s:.3f} s/step — median of {result['steps']} step(s) of minilm, "
                       f"{result['shape']}, precision {precision}, {device}, dropout "
                       f"{result['dropout_rng']} (auto: packed for bf16 on a CPU)",
              "calibration": f"wall = {a:.0f} s + {k:.0f} x s/step (demo), {b:.0f} s + {m:.0f} x "
                             "s/step (tests): kit.train.speed_probe.CALIBRATION",
-             "demo (./run_all.sh)": prediction_line(times["demo_s"], s),
-             "tests (./run_all.sh test)": prediction_line(times["suite_s"], s, target="suite_s")}
+             "demo (./run_all.sh)": prediction_line(times["demo_s"], s, precision=at),
+             "tests (./run_all.sh test)": prediction_line(times["suite_s"], s, target="suite_s",
+                                                          precision=at)}
     return lines, {"probe": result, "predicted_s": times}
 
 

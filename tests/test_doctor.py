@@ -147,10 +147,21 @@ def test_prediction_arithmetic():
         "expected ~7.8 min (calibrated on a slow box; within 2x)")
     assert speed_probe.prediction_line(50.0, 0.5, unmeasured, target="suite_s").endswith(
         "this probe is far outside them: a rough guess)")
+    # a bf16 probe is fitted on the bf16 machines only; none measured it: all, said to be a guess
+    both = {**calibration, "bf16 box": {"precision": "bf16", "probe_s_per_step": 0.5,
+                                        "demo_s": 40, "suite_s": None}}
+    assert speed_probe.predict(1.0, both, precision="bf16") == {"demo_s": 80.0, "suite_s": 300.0}
+    assert speed_probe.predict(2.0, both) == {"demo_s": 150.0, "suite_s": 500.0}
+    assert speed_probe.prediction_line(80.0, 1.0, both, precision="bf16") == (
+        "expected ~1.3 min (calibrated on a bf16 box; within 2x)")
+    assert speed_probe.prediction_line(300.0, 1.0, both, "suite_s", "bf16") == (
+        "expected ~5.0 min (calibrated on a slow box and a fast box; none ran at precision "
+        "bf16: a rough guess)")
     for target in ("demo_s", "suite_s"):       # the shipped lines pass near every measured point
         for machine in speed_probe.CALIBRATION.values():
             if machine.get(target) is not None:
-                got = speed_probe.predict(machine["probe_s_per_step"])[target]
+                got = speed_probe.predict(machine["probe_s_per_step"],
+                                          precision=machine["precision"])[target]
                 assert got == pytest.approx(machine[target], rel=0.25), (machine, target)
 
 

@@ -12,38 +12,52 @@ import torch
 # The predictions' calibration, the one place to change it: per machine, the probe's s/step
 # (batch 32 x 14 tokens, 1 thread, the precision auto picks there) and the measured wall seconds
 # of `./run_all.sh` (demo) and `./run_all.sh test` (suite); None where the command was not
-# measured there as it is now (the suite changes more often than the demo). predict() fits
-# wall = overhead + k * s/step through the machines that measured it (least squares).
+# measured there as it is now (the suite changes more often than the demo); the precision the
+# probe and the commands ran at there. predict() fits wall = overhead + k * s/step through the
+# machines of the probe's precision that measured the command (least squares): a bf16 step is
+# another regime (AVX2 machines 0.52-1.45 s/step put the overhead at ~300 s of the demo, which
+# a bf16 machine's 0.26 s/step would double); without such a machine, through all of them.
 CALIBRATION = {
     "2-core AVX2 EPYC (0.52 s/step)": {
-        "probe_s_per_step": 0.52, "demo_s": 427, "suite_s": 343,
+        "precision": "no", "probe_s_per_step": 0.52, "demo_s": 427, "suite_s": None,
         "source": "a 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh doctor on "
                   "idle cores (0.50-0.53 s/step); demo (the retuned one: SST-2, CoLA, STS-B, "
-                  "600-1500 rows) and suite = fresh-clone-check of 5f1c15e, offline, a pytest "
-                  "worker per core (the demo alternated with the earlier one: 382 s). The rows "
-                  "below measured the earlier demo and suite: kept for their probes, not fitted"},
+                  "600-1500 rows) = fresh-clone-check of 5f1c15e, offline (the demo alternated "
+                  "with the earlier one: 382 s). Its suite, 343 s with a pytest worker per core, "
+                  "was the suite before the JupyterLab test"},
+    "2-core AVX2 EPYC (1.16 s/step)": {
+        "precision": "no", "probe_s_per_step": 1.16, "demo_s": 540, "suite_s": 509,
+        "source": "a slower 2-core AMD EPYC VM (AVX2 only), 2026-11-26: probe = ./run_all.sh "
+                  "doctor on idle cores (1.13-1.16 s/step over two days); demo and suite = "
+                  "fresh-clone-check of 791edde, offline, a pytest worker per core (the demo "
+                  "took 551 s and 566 s on earlier commits)"},
+    "2-core AVX2 EPYC (1.45 s/step)": {
+        "precision": "no", "probe_s_per_step": 1.45, "demo_s": 639, "suite_s": None,
+        "source": "another slow 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh "
+                  "doctor; demo (the retuned one) = the README command on a fresh clone, offline "
+                  "(the README's table). Its suites (587 s, 771 s) were earlier ones"},
     "2-core AVX2 EPYC (slow)": {
-        "probe_s_per_step": 1.78, "demo_s": None, "suite_s": None,
+        "precision": "no", "probe_s_per_step": 1.78, "demo_s": None, "suite_s": None,
         "source": "all on one 2-core AMD EPYC VM (AVX2 only, fp32 matmul peak 27-32 GFLOP/s), "
                   "2026-11-25: probe = kit.train.speed_probe.probe, fp32, load 2.4-2.9 (median "
                   "of 5: 1.70-1.94 s/step); demo = the README command on a fresh clone, "
                   "offline. Its suite (899 s) was the suite before session 8 made its slowest "
                   "tests cheaper"},
     "2-core AVX2 EPYC (fast)": {
-        "probe_s_per_step": 0.926, "demo_s": None, "suite_s": None,
+        "precision": "no", "probe_s_per_step": 0.926, "demo_s": None, "suite_s": None,
         "source": "another 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh "
                   "doctor on idle cores; demo = the README command on a fresh clone of 5fc96d5; "
                   "suite = the README command on a fresh clone of 956b397 (the notebook tests "
                   "share a kernel), offline, a pytest worker per core. The demo was predicted "
                   "before it ran, from the two other machines: 8.4 min, measured 7.75"},
     "2-core avx512_bf16 EPYC": {
-        "probe_s_per_step": 0.259, "demo_s": None, "suite_s": None,
+        "precision": "bf16", "probe_s_per_step": 0.259, "demo_s": None, "suite_s": None,
         "source": "a 2-core AMD EPYC VM with avx512_bf16 and no AMX (bf16 autocast), "
                   "2026-11-25: probe = ./run_all.sh doctor on idle cores, before either command "
                   "ran (it predicted the demo at 2.3 min); demo and suite = fresh-clone-check of "
                   "8985ab7, offline, a pytest worker per core (.ci/run on the same clone: 180 s)"},
     "2-core AMX Xeon": {
-        "probe_s_per_step": 0.198, "demo_s": None, "suite_s": None,
+        "precision": "bf16", "probe_s_per_step": 0.198, "demo_s": None, "suite_s": None,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
                   "(docs/benchmarks.md, quiet machine); demo: README (fresh clone, HEAD "
                   "63fff3a, 2026-11-24). Its suite (337 s, one pytest process) was the old suite"},
@@ -122,27 +136,37 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return mt - k * ms, k
 
 
-def fits(calibration: dict = CALIBRATION) -> dict[str, tuple[float, float]]:
-    """Per target, the line through the machines that measured it (None: not measured there,
-    e.g. the suite after it changed)."""
-    return {target: fit([(m["probe_s_per_step"], m[target]) for m in calibration.values()
-                         if m.get(target) is not None])
+def measured(target: str, precision: str = "no", calibration: dict = CALIBRATION
+             ) -> tuple[dict, bool]:
+    """The machines that measured `target` ("demo_s", "suite_s") at `precision`, and True; none
+    there: every machine that measured it, and False."""
+    done = {name: m for name, m in calibration.items() if m.get(target) is not None}
+    same = {name: m for name, m in done.items() if m.get("precision", "no") == precision}
+    return (same, True) if same else (done, False)
+
+
+def fits(calibration: dict = CALIBRATION, precision: str = "no"
+         ) -> dict[str, tuple[float, float]]:
+    """Per target, the line through the machines that measured it (`measured`)."""
+    return {target: fit([(m["probe_s_per_step"], m[target])
+                         for m in measured(target, precision, calibration)[0].values()])
             for target in ("demo_s", "suite_s")}
 
 
-def predict(s_per_step: float, calibration: dict = CALIBRATION) -> dict[str, float]:
+def predict(s_per_step: float, calibration: dict = CALIBRATION, precision: str = "no"
+            ) -> dict[str, float]:
     """Predicted wall seconds of the demo and of the test suite for a probe's s/step."""
     return {target: round(max(a + k * s_per_step, 0.0), 1)
-            for target, (a, k) in fits(calibration).items()}
+            for target, (a, k) in fits(calibration, precision).items()}
 
 
 def prediction_line(seconds: float, s_per_step: float, calibration: dict = CALIBRATION,
-                    target: str = "demo_s") -> str:
+                    target: str = "demo_s", precision: str = "no") -> str:
     """The prediction in words, naming the machines that measured `target`; "within 2x" only
-    for a probe within 2x of theirs."""
-    measured = {name: m for name, m in calibration.items() if m.get(target) is not None}
-    probes = [m["probe_s_per_step"] for m in measured.values()]
-    inside = min(probes) / 2 <= s_per_step <= max(probes) * 2
-    return (f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(measured)}; "
-            + ("within 2x)" if inside else "this probe is far outside them: a rough guess)"))
-
+    for a probe within 2x of theirs, at their precision."""
+    machines, same = measured(target, precision, calibration)
+    probes = [m["probe_s_per_step"] for m in machines.values()]
+    inside = same and min(probes) / 2 <= s_per_step <= max(probes) * 2
+    why = ("within 2x)" if inside else "this probe is far outside them: a rough guess)" if same
+           else f"none ran at precision {precision}: a rough guess)")
+    return f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(machines)}; " + why
