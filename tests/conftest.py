@@ -116,13 +116,15 @@ def run_notebook(warm_kernels):
 def batch_kernel(monkeypatch, warm_kernels):
     """kit.batch runs its points (and report) in this worker's warm kernel instead of starting
     one of its own. A failed point still takes the kernel with it (the next point starts
-    another); the batch's end leaves it running for the next test."""
+    another); the batch's end leaves it running for the next test. A batch asked for fresh
+    kernels (--fresh-kernels) still starts them."""
     import contextlib
 
     from kit import batch
 
-    monkeypatch.setattr(batch, "Kernels",
-                        lambda fresh=False: contextlib.nullcontext(warm_kernels))
+    kernels = batch.Kernels
+    monkeypatch.setattr(batch, "Kernels", lambda fresh=False: (
+        kernels(fresh=True) if fresh else contextlib.nullcontext(warm_kernels)))
 
 
 # The longest tests first, dealt alternately to the two halves of the run order: pytest-xdist

@@ -178,17 +178,12 @@ def kernel_starts(monkeypatch, warm_kernels) -> list:
     return starts
 
 
-def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch, warm_kernels,
+def test_a_warm_kernel_gives_a_fresh_kernels_results(tmp_path, monkeypatch, batch_kernel,
                                                      kernel_starts):
     """A point run after others in a warm kernel (BERT-mask after SSA-H and fp32, in this test
     worker's kernel, which has run whatever tests ran before) gives bit for bit the results of
     a fresh kernel. Only that point is rerun fresh: the others ran first in their kernel. (A
     failed point taking its kernel with it: the smoke test above.)"""
-    import contextlib
-
-    fresh_kernels = batch.Kernels
-    monkeypatch.setattr(batch, "Kernels", lambda fresh=False: (
-        fresh_kernels(fresh=True) if fresh else contextlib.nullcontext(warm_kernels)))
     warm = write_profile(tmp_path, WARM_GRID)
     assert batch.run_profile(str(warm), outputs_dir=str(tmp_path / "warm"), report=False) == 0
     assert kernel_starts == []                 # all three in the warm kernel
