@@ -18,6 +18,7 @@ _STARTED = time.perf_counter()   # before torch's import: the doctor's wall time
 
 import torch  # noqa: E402
 
+from kit.config.paths import kit_commit
 from kit.train import accel, provenance, tracking
 from kit.data import hub  # noqa: E402
 from kit.data.pipeline import glue_source  # noqa: E402
@@ -156,7 +157,7 @@ def report() -> dict[str, dict[str, str]]:
     gpu = gpu_text(provenance.gpu_info())
     device, precision, forced_cpu = decide()
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    commit, dirty = provenance.kit_commit()
+    commit, dirty = kit_commit()
     return {
         "machine": {**cpu_lines(provenance.cpu_info(), os.cpu_count(), torch.get_num_threads()),
                     "gpu": gpu},

@@ -25,7 +25,7 @@ def machine(monkeypatch):
         "cpu_class": "avx2"})
     monkeypatch.setattr(provenance, "gpu_info", lambda: None)
     monkeypatch.setattr(provenance, "versions", lambda: {"torch": "9.9"})
-    monkeypatch.setattr(provenance, "kit_commit", lambda: ("abc1234", True))
+    monkeypatch.setattr(doctor, "kit_commit", lambda: ("abc1234", True))
 
     def set_(cuda=False, cuda_bf16=False, mps=False, cpu_bf16=False):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)

@@ -166,7 +166,10 @@ def prediction_line(seconds: float, s_per_step: float, calibration: dict = CALIB
     for a probe within 2x of theirs, at their precision."""
     machines, same = measured(target, precision, calibration)
     probes = [m["probe_s_per_step"] for m in machines.values()]
-    inside = same and min(probes) / 2 <= s_per_step <= max(probes) * 2
-    why = ("within 2x)" if inside else "this probe is far outside them: a rough guess)" if same
-           else f"none ran at precision {precision}: a rough guess)")
-    return f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(machines)}; " + why
+    if not same:
+        why = f"none ran at precision {precision}: a rough guess"
+    elif min(probes) / 2 <= s_per_step <= max(probes) * 2:
+        why = "within 2x"
+    else:
+        why = "this probe is far outside them: a rough guess"
+    return f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(machines)}; {why})"
