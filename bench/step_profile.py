@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from kit.methods.bert import HeadSpec, SequenceModel
 from kit.models.backbones import load_backbone, model_path
 from kit.models.packed_dropout import use_packed_dropout
+from kit.models.regional_compile import compile_layers
 from kit.train.accel import make_accelerator
 from kit.train.finetune import loss_terms
 from kit.train.step import train_step
@@ -51,11 +52,14 @@ ACCELERATE = {"bf16": "bf16", "fp32": "no"}
 
 
 def step_fn(method: str, length: int, batch: int, precision: str, dropout: str):
-    """One training step of the kit (a closure), its model built afresh."""
+    """One training step of the kit (a closure), its model built afresh. `dropout`: torch, packed,
+    or compiled (torch's, with the encoder layers compiled: kit.models.regional_compile)."""
     accelerator = make_accelerator(ACCELERATE[precision])
     model = SequenceModel(load_backbone("minilm")[0], HeadSpec(num_labels=2, method=method)).train()
     if dropout == "packed":
         use_packed_dropout(model)
+    elif dropout == "compiled":     # torch's dropout, which inductor draws inside its kernels
+        compile_layers(model, dynamic=False)     # one fixed shape here
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     ids = torch.randint(1000, 20000, (batch, length))
@@ -86,6 +90,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per contender")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dropouts", nargs="+", default=["torch", "packed"],
+                        choices=["torch", "packed", "compiled"],
+                        help="contenders; the first is the reference of the ratio column")
+    parser.add_argument("--precisions", nargs="+", choices=list(DTYPES),
+                        help="default: fp32, and bf16 where it is native")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -94,19 +103,25 @@ def main() -> None:
     hardware = common.hardware()
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, minilm; "
           f"CPU {hardware['cpu']} ({hardware['cpu_class']}), bf16 {hardware['bf16']}\n")
-    print("| method | tokens | precision | dropout | s / step (median) | packed / torch time | "
+    print("| method | tokens | precision | dropout | s / step (median) | / first's time | "
           "useful GFLOP/s | its matmul peak GFLOP/s | of the peak | of the peak if only "
           "matmuls took time | " + " | ".join(CLASSES) + " | other |")
     print("|---" * (10 + len(CLASSES)) + "|")
-    for precision in [p for p, dtype in DTYPES.items() if dtype in common.native_peak_dtypes()]:
+    precisions = args.precisions or [p for p, dtype in DTYPES.items()
+                                     if dtype in common.native_peak_dtypes()]
+    warmups = []
+    for precision in precisions:
         ceiling = common.matmul_peak(seconds=2.0, dtype=DTYPES[precision])["flops_per_s"]
         for method in args.methods:
             for length in args.length:
                 steps = {d: step_fn(method, length, args.batch, precision, d)
-                         for d in ("torch", "packed")}
-                for step in steps.values():     # warm-up: allocator, first-call dispatch
+                         for d in args.dropouts}
+                for d, step in steps.items():   # warm-up: allocator, dispatch, compilation
+                    t0 = time.perf_counter()
                     step()
                     step()
+                    warmups.append(f"{method} {args.batch} x {length} {precision} {d}: "
+                                   f"{time.perf_counter() - t0:.1f} s")
                 times = {d: [] for d in steps}
                 for _ in range(args.steps):     # alternated: noise falls on both alike
                     for d, step in steps.items():
@@ -122,11 +137,13 @@ def main() -> None:
                     other = 1 - sum(part.values())
                     cells = [f"{100 * v:.1f}%" for v in [*part.values(), other]]
                     bound = useful / part["matmul"] / ceiling   # matmuls as now, the rest free
-                    ratio = f"{median[d] / median['torch']:.3f}" if d == "packed" else ""
+                    first = args.dropouts[0]
+                    ratio = f"{median[d] / median[first]:.3f}" if d != first else ""
                     print(f"| {method} | {args.batch} x {length} | {precision} | {d} | "
                           f"{median[d]:.3f} | {ratio} | {useful / 1e9:.0f} | {ceiling / 1e9:.0f} | "
                           f"{100 * useful / ceiling:.1f}% | {100 * bound:.0f}% | "
                           + " | ".join(cells) + " |", flush=True)
+    print("\nTwo warm-up steps (compilation included):\n" + "\n".join(warmups))
 
 
 if __name__ == "__main__":

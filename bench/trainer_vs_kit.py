@@ -7,6 +7,8 @@ Contenders (each in its own fresh process, so peak RSS is its own):
     kit              fit(RunConfig(method="bert")), length-grouped batches (the kit's default)
     kit-random       the same with group_by_length=False: plain shuffled batches, like Trainer's
                      default - separates "faster loop" from "less padding"
+    kit-compiled     kit with compile=True: the encoder's layer compiled (regional; compilation
+                     is inside the training time)
     trainer          Trainer + AutoModelForSequenceClassification + DataCollatorWithPadding
     trainer-grouped  the same with train_sampling_strategy="group_by_length" (transformers 5.x;
                      4.x spelled it group_by_length=True, which 5.x no longer accepts)
@@ -32,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-CONTENDERS = ("kit", "kit-random", "trainer", "trainer-grouped")
+CONTENDERS = ("kit", "kit-random", "kit-compiled", "trainer", "trainer-grouped")
 QUICK = {"task": "RTE", "max_train": 128, "epochs": 1}   # ~2.5 min for 4 contenders
 
 
@@ -51,6 +53,7 @@ def main() -> None:
         base, precision = split_contender(args.child)
         run = {"kit": lambda: run_kit(args, True, precision or args.precision),
                "kit-random": lambda: run_kit(args, False, precision or args.precision),
+               "kit-compiled": lambda: run_kit(args, True, precision or args.precision, True),
                "trainer": lambda: run_trainer(args, grouped=False, precision=precision),
                "trainer-grouped": lambda: run_trainer(args, grouped=True, precision=precision)
                }[base]
@@ -98,13 +101,13 @@ def split_contender(spec: str) -> tuple[str, str | None]:
 
 # ----------------------------------------------------------------------------- contenders
 
-def run_kit(args, grouped: bool, precision: str) -> dict:
+def run_kit(args, grouped: bool, precision: str, compiled: bool = False) -> dict:
     from kit.train.metrics import reported_metrics
     from kit.config.tasks import get_task
     from kit.train.finetune import fit
     with tempfile.TemporaryDirectory() as out:
         m = fit(common.kit_config(args, out, method="bert", group_by_length=grouped,
-                                  mixed_precision=precision))
+                                  mixed_precision=precision, compile=compiled))
     metric = reported_metrics(get_task(args.task))[0]
     return {"train_s": m["wall_s"]["train"], "train_examples": m["train_examples"],
             # the kit evaluates after every epoch; report the cost of one evaluation
@@ -183,6 +186,7 @@ def run_trainer(args, grouped: bool, precision: str | None = None) -> dict:
 # ----------------------------------------------------------------------------- padding
 
 BATCHING = {"kit": "kit length-grouped", "kit-random": "random",
+            "kit-compiled": "kit length-grouped",
             "trainer": "random", "trainer-grouped": "Trainer LengthGroupedSampler"}
 
 

@@ -120,12 +120,14 @@ def test_training_attention_is_sdpas_math_path_given_the_mask():
     assert torch.allclose(out, (probs @ v).transpose(1, 2), atol=1e-6)
 
 
-@pytest.mark.parametrize("requested,device,precision,resolved", [
-    ("auto", "cpu", "bf16", "packed"), ("auto", "cpu", "no", "torch"),
-    ("auto", "cuda", "bf16", "torch"), ("torch", "cpu", "bf16", "torch"),
-    ("packed", "cpu", "no", "packed")])
-def test_auto_is_packed_for_bf16_on_a_cpu(requested, device, precision, resolved):
-    assert resolve_dropout_rng(requested, device, precision) == resolved
+@pytest.mark.parametrize("requested,device,precision,compiled,resolved", [
+    ("auto", "cpu", "bf16", False, "packed"), ("auto", "cpu", "no", False, "torch"),
+    ("auto", "cuda", "bf16", False, "torch"), ("torch", "cpu", "bf16", False, "torch"),
+    ("packed", "cpu", "no", False, "packed"), ("auto", "cpu", "bf16", True, "torch"),
+    ("packed", "cpu", "bf16", True, "packed")])
+def test_auto_is_packed_for_bf16_on_a_cpu_unless_compiled(requested, device, precision, compiled,
+                                                          resolved):
+    assert resolve_dropout_rng(requested, device, precision, compiled) == resolved
 
 
 def test_a_run_with_packed_dropout_records_it_and_a_new_run_id(tmp_path):

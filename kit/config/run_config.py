@@ -92,7 +92,7 @@ class RunConfig:
     group_by_length: bool = True
     mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
                                        # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
-    compile: bool = False              # torch.compile the model (dynamic shapes); pays off on GPUs
+    compile: bool = False              # torch.compile the encoder's layer (kit.models.regional_compile)
     dropout_rng: str = "auto"          # auto | torch | packed: dropout's mask from 16-bit lanes of
                                        # random words (kit.models.packed_dropout); auto: packed for
                                        # bf16 on a CPU (kit.train.accel.resolve_dropout_rng)

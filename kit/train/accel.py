@@ -75,16 +75,17 @@ def machine_precision(requested: str) -> str:
                              device == "cpu" and cpu_has_native_bf16(), device == "mps")
 
 
-def resolve_dropout_rng(requested: str, device: str, precision: str) -> str:
+def resolve_dropout_rng(requested: str, device: str, precision: str,
+                        compiled: bool = False) -> str:
     """What `dropout_rng: auto` means: `packed` (kit.models.packed_dropout) where a CPU runs the
     step in bf16, there torch's per-element Bernoulli draw is ~22% of a step; `torch` elsewhere:
-    CUDA's dropout is one fused kernel, and in fp32 on a CPU the draw is 5-9% of a step (packed
-    saves 4-7.5% there, docs/benchmarks.md), which does not buy every earlier fp32 run - the
-    results and pinned values made with torch's stream - a new random stream. Explicit values
-    stand."""
+    CUDA's dropout is one fused kernel, a compiled encoder (`compiled`) draws torch's dropout
+    inside inductor's kernels, and in fp32 on a CPU the draw is 5-9% of a step (packed saves
+    4-7.5% there, docs/benchmarks.md), which does not buy every earlier fp32 run - the results
+    and pinned values made with torch's stream - a new random stream. Explicit values stand."""
     if requested != "auto":
         return requested
-    return "packed" if device == "cpu" and precision == "bf16" else "torch"
+    return "packed" if device == "cpu" and precision == "bf16" and not compiled else "torch"
 
 
 def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,

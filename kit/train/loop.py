@@ -28,6 +28,7 @@ from kit.train import progress as kprogress
 from kit.train import run_state
 from kit import runs
 from kit.train import tracking as ktracking
+from kit.models.regional_compile import compile_layers
 from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
                              reset_peak_memory, resolve_dropout_rng)
 from kit.config.run_config import RunConfig
@@ -146,7 +147,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     job = build(cfg)
     job.writer = main                      # only the main process writes files
     dropout_rng = resolve_dropout_rng(cfg.dropout_rng, accelerator.device.type,
-                                      accelerator.mixed_precision)
+                                      accelerator.mixed_precision, cfg.compile)
     if dropout_rng == "packed":            # before prepare: DDP and autocast wrap the swapped model
         # imported here: it loads transformers' modeling code (and with it scipy), which a
         # kernel importing this loop need not pay for before a model is built
@@ -173,8 +174,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     progress = run_state.Progress()
     inside = run_state.resume(accelerator, run_dir, progress, cfg.resume_on_other_hardware)
     job.resumed(progress.epoch + (inside is not None))
-    if cfg.compile:     # after resuming: checkpoints hold the plain module's weight names
-        model = torch.compile(model, dynamic=True)
+    if cfg.compile:     # in place: the model, its state-dict names and checkpoints unchanged
+        compile_layers(unwrapped)
     # lr follows the position in the data, not a count of updates: an fp16 step the loss scaler
     # skips (inf / NaN gradients) loses its update but does not shift the schedule, which stays
     # what resume restores (accelerate's own skip flag is wrong with fused AdamW: docs/gpu.md)
