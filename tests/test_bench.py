@@ -78,10 +78,10 @@ def fake_run(task, method, seed, precision, score, stats=()):
                        "label_generation": 1.0 if precision == "bf16" else 2.0}}
 
 
-def test_bf16_parity_pairs_the_precisions_and_pools_label_stats(tmp_path):
+def test_parity_pairs_the_precisions_and_pools_label_stats(tmp_path):
     import json
 
-    import bf16_parity
+    import parity
     probe = {"probed": 10, "variants": 8, "flipped": 2, "labelled_tokens": 30, "share_label1": 0.2}
     runs = [fake_run("RTE", "ssa-h", s, p, score, [{"epoch": 0}, probe, {**probe, "flipped": 6,
                                                                          "share_label1": 0.5,
@@ -91,15 +91,34 @@ def test_bf16_parity_pairs_the_precisions_and_pools_label_stats(tmp_path):
     for i, m in enumerate(runs):
         (tmp_path / "runs" / str(i)).mkdir(parents=True)
         (tmp_path / "runs" / str(i) / "metrics.json").write_text(json.dumps(m))
-    points = bf16_parity.load_runs(tmp_path, "bf16-parity")
+    points = parity.load_runs(tmp_path, "bf16-parity")
     assert sorted(points) == [("RTE", "ssa-h", 0), ("RTE", "ssa-h", 1)]
-    [row] = bf16_parity.summarize(points)
+    [row] = parity.summarize(points)
     assert row["score_bf16"] == [0.5, 0.7] and row["score_fp32"] == [0.6, 0.6]
     assert row["mean_diff"] == pytest.approx(0.0)
     assert row["flip_rate_bf16"] == [0.5, 0.5]                  # (2 + 6) / 16
     assert row["share_label1_fp32"] == [pytest.approx(0.275)] * 2   # (0.2 * 30 + 0.5 * 10) / 40
     assert row["train_speed_bf16_over_fp32"] == [2.0, 2.0]
     assert row["label_gen_time_bf16_over_fp32"] == [0.5, 0.5]
+
+
+def test_parity_pairs_any_factor_here_the_dropout_masks(tmp_path):
+    import json
+
+    import parity
+    for i, (seed, rng, score) in enumerate([(0, "packed", 0.8), (0, "torch", 0.7),
+                                            (1, "packed", 0.6), (1, "torch", 0.8),
+                                            (2, "torch", 0.9)]):   # seed 2 has no packed twin
+        m = {**fake_run("SST-2", "bert", seed, "no", score, []), "profile": "dropout-parity",
+             "dropout_rng": rng}
+        (tmp_path / "runs" / str(i)).mkdir(parents=True)
+        (tmp_path / "runs" / str(i) / "metrics.json").write_text(json.dumps(m))
+    points = parity.load_runs(tmp_path, "dropout-parity", "dropout_rng")
+    [row] = parity.summarize(points, "dropout_rng")
+    assert row["seeds"] == [0, 1]
+    assert row["score_packed"] == [0.8, 0.6] and row["score_torch"] == [0.7, 0.8]
+    assert row["mean_diff"] == pytest.approx(-0.05)
+    assert row["train_speed_packed_over_torch"] == [1.0, 1.0]
 
 
 def test_profile_wall_times_each_point_from_the_previous_result_line():
