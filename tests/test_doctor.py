@@ -78,8 +78,9 @@ def test_report_sections_and_keys(machine, monkeypatch, tmp_path):
     gpu = "Test GPU x2, compute capability 9.0, bf16 yes"
     assert sections["machine"]["gpu"] == gpu
     assert sections["decisions"]["device"] == f"cuda — CUDA GPU: {gpu}"
-    assert list(sections["decisions"]) == ["device", "precision (auto)", "accelerate launch",
-                                           "kit processes", "trackers"]
+    assert list(sections["decisions"]) == ["device", "precision (auto)", "compile",
+                                           "accelerate launch", "kit processes", "trackers"]
+    assert sections["decisions"]["compile"].startswith("off — ")
     assert sections["decisions"]["accelerate launch"].startswith("1 — no accelerate config")
     assert sections["decisions"]["trackers"] == ("installed: tensorboard; report_to auto -> "
                                                  "tensorboard")
