@@ -23,10 +23,12 @@ def repeated_layers(model: nn.Module) -> nn.ModuleList | None:
     return max(lists, key=len, default=None)
 
 
-def compile_layers(model: nn.Module, dynamic: bool | None = None) -> int:
+def compile_layers(model: nn.Module, dynamic: bool | None = None,
+                   backend: str = "inductor") -> int:
     """Compile, in place, every layer of `model`'s repeated block (Module.compile keeps the
-    module, its parameters and state-dict names). Returns how many layers were compiled."""
+    module, its parameters and state-dict names) with torch.compile's `backend`. Returns how
+    many layers were compiled."""
     layers = repeated_layers(model)
     for layer in layers if layers is not None else ():
-        layer.compile(dynamic=dynamic)
+        layer.compile(dynamic=dynamic, backend=backend)
     return 0 if layers is None else len(layers)
