@@ -131,13 +131,13 @@ def main() -> None:
                 median = {d: statistics.median(t) for d, t in times.items()}
                 # useful FLOPs of one step: matmuls only, padding-free (bench/common)
                 flops = common.training_flops(model_path("minilm"), [length] * args.batch, 1)
+                first = args.dropouts[0]            # the ratio column's reference
                 for d, step in steps.items():
                     part = shares(step, 2)
                     useful = flops / median[d]
                     other = 1 - sum(part.values())
                     cells = [f"{100 * v:.1f}%" for v in [*part.values(), other]]
                     bound = useful / part["matmul"] / ceiling   # matmuls as now, the rest free
-                    first = args.dropouts[0]
                     ratio = f"{median[d] / median[first]:.3f}" if d != first else ""
                     print(f"| {method} | {args.batch} x {length} | {precision} | {d} | "
                           f"{median[d]:.3f} | {ratio} | {useful / 1e9:.0f} | {ceiling / 1e9:.0f} | "

@@ -41,8 +41,8 @@ CALIBRATION = {
         "source": "all on one 2-core AMD EPYC VM (AVX2 only, fp32 matmul peak 27-32 GFLOP/s), "
                   "2026-11-25: probe = kit.train.speed_probe.probe, fp32, load 2.4-2.9 (median "
                   "of 5: 1.70-1.94 s/step); demo = the README command on a fresh clone, "
-                  "offline. Its suite (899 s) was the suite before session 8 made its slowest "
-                  "tests cheaper"},
+                  "offline. Its suite (899 s) was the suite before its slowest tests were made "
+                  "cheaper"},
     "2-core AVX2 EPYC (fast)": {
         "precision": "no", "probe_s_per_step": 0.926, "demo_s": None, "suite_s": None,
         "source": "another 2-core AMD EPYC VM (AVX2 only), 2026-11-25: probe = ./run_all.sh "
