@@ -255,7 +255,10 @@ class Forwarder:
 
     def _pass_on(self) -> None:
         while self._thread is not None:
-            self._wake.wait(RESEND_S)
+            # cleared once woken: an event left set would make this loop spin a core (and, by
+            # holding the GIL, slow the batch's own work) for the rest of the process
+            if self._wake.wait(RESEND_S):
+                self._wake.clear()
             point = self._point
             if self.received and point and not point.sent and not point.settled():
                 with contextlib.suppress(OSError):
@@ -264,6 +267,7 @@ class Forwarder:
 
     def __enter__(self) -> Forwarder:
         self.received, self._point = None, None
+        self._wake.clear()
         self._thread = threading.Thread(target=self._pass_on, name="ssa-kit signals", daemon=True)
         self._thread.start()
         self._previous = {s: signal.signal(s, self) for s in SIGNALS}

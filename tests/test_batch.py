@@ -577,3 +577,33 @@ def test_torchrun_gives_its_workers_the_grace_not_its_own_30s(tmp_path):
     assert code != 0 and sent
     assert [(tmp_path / f"signal{r}").read_text() for r in (0, 1)] == ["SIGUSR1", "SIGUSR1"]
     assert not list(tmp_path.glob("written*"))     # cut after 1 s, not 30
+
+
+def test_the_signal_thread_waits_between_resends_in_every_batch_of_a_process(monkeypatch):
+    """The forwarding thread wakes on a signal, then every RESEND_S until the point settles. Its
+    wake-up event is consumed: left set (after a signal, or by the end of an earlier batch in the
+    same process) it made the thread spin a core, and, holding the GIL, slowed the batch's own
+    work (a smoke report's tables took 7 s instead of 0.2 s). Counted: the thread's waits."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from kit import kernels
+    forward, waits = kernels.Forwarder(), []
+    real_wait = threading.Event.wait
+    monkeypatch.setattr(forward._wake, "wait", lambda timeout=None: (
+        waits.append(1), real_wait(forward._wake, timeout))[1], raising=False)
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        for _ in range(2):                                # two batches in one process
+            waits.clear()
+            sent = []
+            with forward, forward.point(sent.append, settled=lambda: len(sent) >= 2):
+                os.kill(os.getpid(), signal.SIGUSR1)
+                time.sleep(5 * kernels.RESEND_S)
+            assert forward.received == "SIGUSR1"
+            assert sent == ["SIGUSR1"] * 2        # at once, again after RESEND_S, then settled
+            assert len(waits) <= 8, f"{len(waits)} waits in {5 * kernels.RESEND_S:.1f} s"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
