@@ -466,6 +466,8 @@ def test_a_preempted_array_task_is_requeued_and_resumes_to_the_uninterrupted_run
     assert "bert seed=0 model=tiny: preempted (stopped by SIGUSR1 at epoch 2" in preempted
     assert "Rerun the same command to resume (exit 75)" in preempted, preempted     # kit.batch
     assert "stopped on SIGUSR1 and checkpointed; requeueing it" in preempted, preempted
+    # the requeue took (SLURM's SIGTERM ends scontrol with the job): no "refused" said
+    assert "requeue refused" not in preempted, preempted
     second_start = preempted.partition(", start 2 on ")[2]     # SLURM ran it again
     assert "resumed from a mid-epoch checkpoint: epoch 2/2" in second_start, preempted
     assert "resumed from" not in other and "requeueing" not in other, other
