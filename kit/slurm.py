@@ -161,14 +161,9 @@ if [ $status -eq {preempted} ] && [ -n "$warned" ]; then
       "not requeued; sbatch {script} again to go on"
   else
     echo "ssa-kit: {unit} $task stopped on SIGUSR1 and checkpointed; requeueing it"
-    # a requeue that takes ends this job at once: SLURM's SIGTERM kills scontrol too (exit
-    # >= 128), so only an answer of scontrol's own (exit 1-127) is a refusal
-    scontrol requeue "$task"
-    refused=$?
-    if [ $refused -ne 0 ] && [ $refused -lt 128 ]; then
-      echo "ssa-kit: requeue refused; sbatch {script} again" \\
-        "(finished points are skipped, the stopped one resumes)"
-    fi
+    # a requeue that takes ends the job at once, scontrol too (exit >= 128): no refusal then
+    scontrol requeue "$task" || {{ [ $? -lt 128 ] && echo "ssa-kit: requeue refused; sbatch" \\
+      "{script} again (finished points are skipped, the stopped one resumes)"; }}
   fi
 fi
 echo "ssa-kit: {unit} $task exits $status at $(date '+%F %T')"
