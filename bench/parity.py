@@ -66,23 +66,21 @@ def summarize(points: dict, factor: str = "mixed_precision") -> list[dict]:
         cells[(task, method)].append(runs)
     rows = []
     for (task, method), pairs in cells.items():
+        def ratio(get):       # arm a over arm b, per seed
+            return [get(r[a]) / get(r[b]) for r in pairs]
         score = {arm: [r[arm]["best_dev"]["score"] for r in pairs] for arm in (a, b)}
         labels = {arm: [label_stats(r[arm]) for r in pairs] for arm in (a, b)}
         row = {"task": task, "method": method, "seeds": [r[a]["seed"] for r in pairs],
                f"score_{la}": score[a], f"score_{lb}": score[b],
                "welch_p": welch_test(score[a], score[b]),
                "mean_diff": float(np.mean(np.subtract(score[a], score[b]))),
-               f"train_speed_{la}_over_{lb}": [r[a]["train_examples_per_s"]
-                                               / r[b]["train_examples_per_s"] for r in pairs],
-               f"eval_time_{la}_over_{lb}": [r[a]["wall_s"]["eval"] / r[b]["wall_s"]["eval"]
-                                             for r in pairs]}
+               f"train_speed_{la}_over_{lb}": ratio(lambda m: m["train_examples_per_s"]),
+               f"eval_time_{la}_over_{lb}": ratio(lambda m: m["wall_s"]["eval"])}
         if labels[a][0]:
             row.update({f"{k}_{name}": [s[k] for s in labels[arm]]
                         for k in ("flip_rate", "share_label1")
                         for arm, name in ((a, la), (b, lb))})
-            row[f"label_gen_time_{la}_over_{lb}"] = [
-                r[a]["wall_s"]["label_generation"] / r[b]["wall_s"]["label_generation"]
-                for r in pairs]
+            row[f"label_gen_time_{la}_over_{lb}"] = ratio(lambda m: m["wall_s"]["label_generation"])
         rows.append(row)
     return rows
 

@@ -109,7 +109,7 @@ def main() -> None:
     print("|---" * (10 + len(CLASSES)) + "|")
     precisions = args.precisions or [p for p, dtype in DTYPES.items()
                                      if dtype in common.native_peak_dtypes()]
-    warmups = []
+    warmups, first = [], args.dropouts[0]       # first: the ratio column's reference
     for precision in precisions:
         ceiling = common.matmul_peak(seconds=2.0, dtype=DTYPES[precision])["flops_per_s"]
         for method in args.methods:
@@ -131,7 +131,6 @@ def main() -> None:
                 median = {d: statistics.median(t) for d, t in times.items()}
                 # useful FLOPs of one step: matmuls only, padding-free (bench/common)
                 flops = common.training_flops(model_path("minilm"), [length] * args.batch, 1)
-                first = args.dropouts[0]            # the ratio column's reference
                 for d, step in steps.items():
                     part = shares(step, 2)
                     useful = flops / median[d]

@@ -28,7 +28,7 @@ def compile_layers(model: nn.Module, dynamic: bool | None = None,
     """Compile, in place, every layer of `model`'s repeated block (Module.compile keeps the
     module, its parameters and state-dict names) with torch.compile's `backend`. Returns how
     many layers were compiled."""
-    layers = repeated_layers(model)
-    for layer in layers if layers is not None else ():
+    layers = repeated_layers(model) or ()
+    for layer in layers:
         layer.compile(dynamic=dynamic, backend=backend)
-    return 0 if layers is None else len(layers)
+    return len(layers)
