@@ -217,24 +217,45 @@ class Lab:
     def state(self, name: str) -> dict | None:
         return self.page.evaluate(STATE_JS, self.path(name))
 
-    def open(self, name: str) -> None:
+    def open(self, name: str, tries: int = 3, timeout: float = 30.0) -> None:
         """The first notebook by its URL (/lab/tree/...); the next ones by a double-click in
-        the file browser, each in a new tab."""
+        the file browser, each in a new tab. A double-click can be lost while the listing
+        redraws (a kernel starting refreshes it): no tab `timeout` s later, it is
+        double-clicked again, as a person would, up to `tries` times."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
         if not self.opened:
             self.page.goto(f"{self.url}/lab/tree/{self.path(name)}?token={TOKEN}")
             self.page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
         else:
-            self.page.locator(".jp-DirListing-item", has_text=f"{name}.ipynb").dblclick()
+            for _ in range(tries):
+                self.page.locator(".jp-DirListing-item", has_text=f"{name}.ipynb").dblclick()
+                with contextlib.suppress(PlaywrightTimeout):
+                    self.page.wait_for_function(f"p => ({STATE_JS})(p)", arg=self.path(name),
+                                                polling=200, timeout=timeout * 1000)
+                    break
+            else:
+                pytest.fail(f"{name}: no tab after {tries} double-clicks in the file browser")
         self.opened.append(name)
 
-    def run_all(self, name: str, timeout: float = 120.0) -> None:
-        """Its tab to the front; once its kernel is idle (a Run All before the kernel is there
-        runs nothing), a click on its first cell and Run > Run All Cells."""
+    def wait_idle(self, timeout: float = 240.0) -> None:
+        """Until every open notebook is loaded and its kernel idle (a Run All before the kernel
+        is there runs nothing); past `timeout` s, fails with what each shows."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+        idle = (f"ps => ps.every(p => {{ const s = ({STATE_JS})(p); "
+                f"return s && s.ready && s.status === 'idle'; }})")
+        with contextlib.suppress(PlaywrightTimeout):
+            self.page.wait_for_function(idle, arg=[self.path(n) for n in self.opened],
+                                        polling=200, timeout=timeout * 1000)
+            return
+        states = {name: self.state(name) for name in self.opened}
+        pytest.fail(f"kernels not idle after {timeout:.0f} s: " + "; ".join(
+            f"{name}: {s and {k: s[k] for k in ('ready', 'status', 'dialog')}}"
+            for name, s in states.items() if not (s and s["ready"] and s["status"] == "idle")))
+
+    def run_all(self, name: str) -> None:
+        """Its tab to the front, a click on its first cell and Run > Run All Cells."""
         self.page.locator(".lm-TabBar-tab", has_text=f"{name}.ipynb").click()
-        handle = self.page.wait_for_function(
-            f"p => {{ const s = ({STATE_JS})(p); return s && s.ready && s.status === 'idle' "
-            f"&& s.id; }}", arg=self.path(name), polling=200, timeout=timeout * 1000)
-        panel = f"[id='{handle.json_value()}']"
+        panel = f"[id='{self.state(name)['id']}']"
         self.page.locator(f"{panel} .jp-Cell .jp-InputPrompt").first.click()
         self.page.get_by_role("menuitem", name="Run", exact=True).click()
         self.page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()

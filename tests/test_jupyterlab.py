@@ -81,11 +81,12 @@ def _smoke_runs(outputs: Path, made: set) -> None:
 
 
 def _run_all(lab: Lab) -> None:
-    """Open every notebook (the browser's share of the work: before the kernels compete for
-    the cores), then Run > Run All Cells in each, the training ones first (they take longest);
-    all run side by side."""
+    """Open every notebook and wait for its kernel (the browser's and the kernel starts' share
+    of the work: before the runs compete for the cores), then Run > Run All Cells in each, the
+    training ones first (they take longest); all run side by side."""
     for name in TRAINING + FROM_RUNS:
         lab.open(name)
+    lab.wait_idle()
     for name in TRAINING + FROM_RUNS:
         lab.run_all(name)
 
