@@ -110,8 +110,12 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
     failed one. The failing point comes first (one point: each failure costs a kernel start,
     ~10 s on a 2-core AVX2 CPU)."""
     outputs = tmp_path / "out"
+    # a model folder with a config and no weights: it passes pre-flight, and fails to load
+    broken = tmp_path / "no-weights"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert"}')
     smoke = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
-    failing = {**smoke["grid"], "task": "RTE", "method": "ssa-h", "model": "/nonexistent/model"}
+    failing = {**smoke["grid"], "task": "RTE", "method": "ssa-h", "model": str(broken)}
     profile = write_profile(tmp_path, yaml.safe_dump({**smoke, "grid": [failing, smoke["grid"]]}))
     points = batch.load_profile(str(profile), str(outputs)).points
     assert len(points) == 5 and points[0]["task"] == "RTE"
@@ -124,7 +128,7 @@ def test_smoke_profile_end_to_end_then_skip_and_retry(tmp_path, glue_dir, capsys
         run = run_dir_of(RunConfig.from_dict(point))
         record = json.loads((run / "metrics.json").read_text())
         if point["task"] == "RTE":
-            assert record["status"] == "failed" and "/nonexistent/model" in record["error"]
+            assert record["status"] == "failed" and str(broken) in record["error"]
         else:
             assert record["status"] == "ok"
             assert (run / "notebook.ipynb").exists()            # the executed copy

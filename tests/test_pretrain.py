@@ -225,6 +225,27 @@ grid:
 """
 
 
+def test_a_model_folder_no_earlier_point_writes_stops_the_batch_before_any_kernel(tmp_path):
+    """The fine-tuning point's folder is written by the point before it: pre-flight lets it
+    through; in the other order, or misspelt, it is one line now, not a failed run later."""
+    profile = tmp_path / "tapt.yaml"
+    for text, bad in [(TAPT_TINY, None),
+                      (TAPT_TINY.replace("CoLA\", adapted_dir", "CLA\", adapted_dir"), "tiny-tapt-CLA"),
+                      (TAPT_TINY.replace("grid:", "grid:\n  - {task: CoLA, model: "
+                                         "\"{outputs}/adapted/tiny-tapt-CoLA\"}"),
+                       "tiny-tapt-CoLA")]:
+        profile.write_text(text)
+        loaded = batch.load_profile(str(profile), str(tmp_path / "out"))
+        if bad is None:
+            assert batch.preflight(loaded, loaded.points) == {}
+            continue
+        with pytest.raises(ModelError) as err:
+            batch.preflight(loaded, loaded.points)
+        missing = tmp_path.resolve() / "out" / "adapted" / bad
+        assert str(err.value) == (f"model folder {str(missing)!r} does not exist ({missing}); "
+                                  "build or copy it there, or give a hub id (organisation/name)")
+
+
 def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys,
                                                                batch_kernel):
     """tapt-smoke's shape on the tiny model: the points run in order, each through its own

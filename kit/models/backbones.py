@@ -59,9 +59,8 @@ def load_backbone(name: str, eager_attention: bool = False):
         return model.train(), tokenizer
     # a hub id: ask whether the hub answers first (the GLUE reader's check); if not, only the
     # local cache is tried, so offline it fails in seconds, not after minutes of retries
-    if looks_like_path(source) and not Path(source).exists():
-        raise ModelError(f"model folder {name!r} does not exist ({source}); build or "
-                         "copy it there, or give a hub id (organisation/name)")
+    if missing := missing_folder(name):
+        raise ModelError(missing)
     unreachable = None if Path(source).exists() else hub.hub_unreachable()
     try:
         model = AutoModel.from_pretrained(source, attn_implementation=attn,
@@ -81,8 +80,7 @@ def is_hub_id(name: str) -> bool:
 def check_hub_model(name: str) -> None:
     """Pre-flight, before any kernel starts: a hub id that cannot load because the hub is
     unreachable and the model is not in the local cache is one ModelError line now, not a run
-    recorded failed after 13-24 s inside the kernel. Folders are checked when loaded: an earlier
-    point of the same batch may write one (a pretraining run)."""
+    recorded failed after 13-24 s inside the kernel. Folders: `missing_folder`."""
     if not is_hub_id(name):
         return
     unreachable = hub.hub_unreachable()
@@ -91,6 +89,16 @@ def check_hub_model(name: str) -> None:
     from huggingface_hub import try_to_load_from_cache
     if not isinstance(try_to_load_from_cache(name, "config.json"), str):
         raise ModelError(_load_hint(name, FileNotFoundError("not cached"), unreachable))
+
+
+def missing_folder(name: str) -> str | None:
+    """Why a model given as a path cannot load, its folder being absent; None for a folder
+    that exists and for a name that is no path."""
+    source = model_path(name)
+    if looks_like_path(source) and not Path(source).exists():
+        return (f"model folder {name!r} does not exist ({source}); build or copy it there, or "
+                "give a hub id (organisation/name)")
+    return None
 
 
 def model_path(name: str) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 
 from kit import methods
+from kit.config.paths import project_path
 from kit.config.profiles import Profile
 from kit.config.run_config import RunConfig
 from kit.config.tasks import GLUE_TASKS
@@ -14,7 +16,7 @@ from kit.data.hub import hub_unreachable
 from kit.data.pipeline import glue_source, load_task_data
 from kit.data.readers import DataError
 from kit.data.pretrain_text import load_text
-from kit.models.backbones import check_hub_model
+from kit.models.backbones import ModelError, check_hub_model, missing_folder
 from kit.train import tracking as ktracking
 
 @functools.cache
@@ -54,16 +56,28 @@ def _single_task_configs(cfg: RunConfig) -> list[RunConfig]:
     return [dataclasses.replace(cfg, task=t, tasks=(), method="bert") for t in cfg.tasks]
 
 
+def _check_model_folder(model: str, made: list[Path]) -> None:
+    """A model folder that does not exist is one ModelError line now, unless an earlier point
+    of the batch writes it (its adapted_dir, or a folder inside that: params/tapt-smoke.yaml)."""
+    missing = missing_folder(model)
+    if missing and not any(p in made for p in (project_path(model), *project_path(model).parents)):
+        raise ModelError(missing)
+
+
 def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
     """Check every point's data before any kernel starts; returns {run_id: why} for points to
     skip (their task is found nowhere and the profile says skip_missing_tasks). Raises one-line
-    ConfigError / DataError for everything else: a task missing from a profile that needs it, a
-    glue_dir that does not exist, a malformed file (with its line), a tracker not installed."""
-    absent, checked = {}, {}
+    ConfigError / DataError / ModelError for everything else: a task missing from a profile that
+    needs it, a glue_dir that does not exist, a malformed file (with its line), a tracker not
+    installed, a model folder that is not there (and that no earlier point writes)."""
+    absent, checked, made = {}, {}, []
     for point in points:
         cfg = RunConfig.from_dict(point)
         ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
         check_hub_model(cfg.model)               # offline and not cached: one line, now
+        _check_model_folder(cfg.model, made)
+        if cfg.adapted_dir:
+            made.append(project_path(cfg.adapted_dir))
         for one in _single_task_configs(cfg):
             key = _data_key(one)
             if key not in checked:
