@@ -206,6 +206,7 @@ class Lab:
     def __init__(self, page, url: str, folder: str = "notebooks"):
         self.page, self.url, self.folder = page, url, folder
         self.opened: list[str] = []
+        self.clicked_again: list[str] = []       # notebooks whose first double-click was lost
         self.console_errors: list[str] = []       # the page's console errors and exceptions
         page.on("console", lambda msg: msg.type == "error" and self.console_errors.append(
             msg.text))
@@ -227,7 +228,9 @@ class Lab:
             self.page.goto(f"{self.url}/lab/tree/{self.path(name)}?token={TOKEN}")
             self.page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
         else:
-            for _ in range(tries):
+            for attempt in range(tries):
+                if attempt:
+                    self.clicked_again.append(name)
                 self.page.locator(".jp-DirListing-item", has_text=f"{name}.ipynb").dblclick()
                 with contextlib.suppress(PlaywrightTimeout):
                     self.page.wait_for_function(f"p => ({STATE_JS})(p)", arg=self.path(name),

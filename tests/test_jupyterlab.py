@@ -144,7 +144,8 @@ def test_every_notebook_runs_in_jupyterlab(tmp_path, request):
                 took[name] = time.perf_counter() - started
         finally:
             browser.close()
-    print("JupyterLab test, s from the start:", {k: round(v, 1) for k, v in took.items()})
+    print("JupyterLab test, s from the start:", {k: round(v, 1) for k, v in took.items()},
+          "double-clicked again:", lab.clicked_again)
     for name, view in seen.items():
         print(f"{name}: {view | {'stdout': view['stdout'][:200]} }")
 
