@@ -203,8 +203,11 @@ def _stop(server: subprocess.Popen) -> None:
 class Lab:
     """One browser page on JupyterLab, with notebooks opened in tabs as a person opens them."""
 
-    def __init__(self, page, url: str, folder: str = "notebooks"):
+    def __init__(self, page, url: str, folder: str = "notebooks", timeout: float = 90.0):
         self.page, self.url, self.folder = page, url, folder
+        # every wait without its own timeout (the first page load, a click, a tab closing):
+        # Playwright's 30 s is short for a page that shares two cores with eleven kernels
+        page.set_default_timeout(timeout * 1000)
         self.opened: list[str] = []
         self.clicked_again: list[str] = []       # notebooks whose first double-click was lost
         self.console_errors: list[str] = []       # the page's console errors and exceptions
