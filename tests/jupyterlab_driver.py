@@ -203,8 +203,9 @@ def _stop(server: subprocess.Popen) -> None:
 class Lab:
     """One browser page on JupyterLab, with notebooks opened in tabs as a person opens them."""
 
-    def __init__(self, page, url: str, folder: str = "notebooks", timeout: float = 90.0):
-        self.page, self.url, self.folder = page, url, folder
+    def __init__(self, page, url: str, log: Path, folder: str = "notebooks",
+                 timeout: float = 90.0):
+        self.page, self.url, self.log, self.folder = page, url, log, folder
         # every wait without its own timeout (the first page load, a click, a tab closing):
         # Playwright's 30 s is short for a page that shares two cores with eleven kernels
         page.set_default_timeout(timeout * 1000)
@@ -217,6 +218,11 @@ class Lab:
 
     def path(self, name: str) -> str:
         return f"{self.folder}/{name}.ipynb"
+
+    def fail(self, what: str) -> None:
+        """Fails the test with `what`, the page's console errors and the server log's end."""
+        tail = "\n".join(self.log.read_text().splitlines()[-20:])
+        pytest.fail(f"{what}\nconsole errors: {self.console_errors}\nserver log's end:\n{tail}")
 
     def state(self, name: str) -> dict | None:
         return self.page.evaluate(STATE_JS, self.path(name))
@@ -240,7 +246,7 @@ class Lab:
                                                 polling=200, timeout=timeout * 1000)
                     break
             else:
-                pytest.fail(f"{name}: no tab after {tries} double-clicks in the file browser")
+                self.fail(f"{name}: no tab after {tries} double-clicks in the file browser")
         self.opened.append(name)
 
     def wait_idle(self, timeout: float = 240.0) -> None:
@@ -254,7 +260,7 @@ class Lab:
                                         polling=200, timeout=timeout * 1000)
             return
         states = {name: self.state(name) for name in self.opened}
-        pytest.fail(f"kernels not idle after {timeout:.0f} s: " + "; ".join(
+        self.fail(f"kernels not idle after {timeout:.0f} s: " + "; ".join(
             f"{name}: {s and {k: s[k] for k in ('ready', 'status', 'dialog')}}"
             for name, s in states.items() if not (s and s["ready"] and s["status"] == "idle")))
 
@@ -279,9 +285,9 @@ class Lab:
                                         timeout=left * 1000)
         state = self.state(name)
         if state["dialog"]:
-            pytest.fail(f"{name}: JupyterLab shows a dialog: {state['dialog']}")
+            self.fail(f"{name}: JupyterLab shows a dialog: {state['dialog']}")
         if state["status"] != "idle" or not (state["error"] or all(state["counts"])):
-            pytest.fail(f"{name}: not done (kernel {state['status']}, execution counts "
+            self.fail(f"{name}: not done (kernel {state['status']}, execution counts "
                         f"{state['counts']})")
         return self.page.evaluate(NOTEBOOK_JS, self.path(name))
 

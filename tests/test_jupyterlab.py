@@ -135,7 +135,8 @@ def test_every_notebook_runs_in_jupyterlab(tmp_path, request):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
                                     env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
         try:
-            lab = Lab(browser.new_page(viewport={"width": 1280, "height": 900}), url)
+            lab = Lab(browser.new_page(viewport={"width": 1280, "height": 900}), url,
+                      tmp_path / "lab" / "server.log")
             _run_all(lab)
             took["all running"] = time.perf_counter() - started
             deadline = time.monotonic() + DEADLINE_S
@@ -151,7 +152,7 @@ def test_every_notebook_runs_in_jupyterlab(tmp_path, request):
 
     assert {name: view["errors"] for name, view in seen.items() if view["errors"]} == {}
     assert {name: view["stderr"] for name, view in seen.items() if view["stderr"]} == {}
-    assert unexplained(lab.console_errors, tmp_path / "lab" / "server.log") == []
+    assert unexplained(lab.console_errors, lab.log) == []
     for name, want in SHOWS.items():
         images = seen[name]["images"]
         assert all(ok and width > 0 for ok, width in images), f"{name}: an image did not decode"
