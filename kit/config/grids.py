@@ -60,14 +60,20 @@ def chains(points: list[dict]) -> list[list[dict]]:
 
     for i, point in enumerate(points):
         for value in (v for v in point.values() if isinstance(v, str) and v):
-            path = project_path(value)
-            for j in [made.get(p) for p in (path, *path.parents)] + [ids.get(Path(value).name)]:
+            for j in (writer(value, made), ids.get(Path(value).name)):
                 if j is not None:
                     group[root(i)] = root(j)
     out: dict[int, list[dict]] = {}
     for i, point in enumerate(points):
         out.setdefault(root(i), []).append(point)
     return list(out.values())
+
+
+def writer(value: str, made: dict[Path, int]) -> int | None:
+    """Which point writes the folder `value` names: `made` maps each point's adapted_dir
+    (project_path) to the point; a folder inside one counts as written by it."""
+    path = project_path(value)
+    return next((made[p] for p in (path, *path.parents) if p in made), None)
 
 
 def shard_points(points: list[dict], spec: str | None) -> list[dict]:

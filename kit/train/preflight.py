@@ -8,6 +8,7 @@ import functools
 from pathlib import Path
 
 from kit import methods
+from kit.config.grids import writer
 from kit.config.paths import project_path
 from kit.config.profiles import Profile
 from kit.config.run_config import RunConfig
@@ -56,11 +57,12 @@ def _single_task_configs(cfg: RunConfig) -> list[RunConfig]:
     return [dataclasses.replace(cfg, task=t, tasks=(), method="bert") for t in cfg.tasks]
 
 
-def _check_model_folder(model: str, made: list[Path]) -> None:
+def _check_model_folder(model: str, made: dict[Path, int]) -> None:
     """A model folder that does not exist is one ModelError line now, unless an earlier point
-    of the batch writes it (its adapted_dir, or a folder inside that: params/tapt-smoke.yaml)."""
+    of the batch writes it (its adapted_dir, or a folder inside that: params/tapt-smoke.yaml;
+    kit.config.grids.writer, the rule that chains such points in a cluster job)."""
     missing = missing_folder(model)
-    if missing and not any(p in made for p in (project_path(model), *project_path(model).parents)):
+    if missing and writer(model, made) is None:
         raise ModelError(missing)
 
 
@@ -70,14 +72,14 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
     ConfigError / DataError / ModelError for everything else: a task missing from a profile that
     needs it, a glue_dir that does not exist, a malformed file (with its line), a tracker not
     installed, a model folder that is not there (and that no earlier point writes)."""
-    absent, checked, made = {}, {}, []
-    for point in points:
+    absent, checked, made = {}, {}, {}
+    for i, point in enumerate(points):
         cfg = RunConfig.from_dict(point)
         ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
         check_hub_model(cfg.model)               # offline and not cached: one line, now
         _check_model_folder(cfg.model, made)
         if cfg.adapted_dir:
-            made.append(project_path(cfg.adapted_dir))
+            made[project_path(cfg.adapted_dir)] = i
         for one in _single_task_configs(cfg):
             key = _data_key(one)
             if key not in checked:
