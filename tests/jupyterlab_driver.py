@@ -224,6 +224,15 @@ class Lab:
         tail = "\n".join(self.log.read_text().splitlines()[-20:])
         pytest.fail(f"{what}\nconsole errors: {self.console_errors}\nserver log's end:\n{tail}")
 
+    def until(self, js: str, arg, timeout: float, polling: int = 200) -> bool:
+        """Whether `js(arg)`, polled every `polling` ms, became truthy within `timeout` s."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+        try:
+            self.page.wait_for_function(js, arg=arg, polling=polling, timeout=timeout * 1000)
+        except PlaywrightTimeout:
+            return False
+        return True
+
     def state(self, name: str) -> dict | None:
         return self.page.evaluate(STATE_JS, self.path(name))
 
@@ -232,7 +241,6 @@ class Lab:
         the file browser, each in a new tab. A double-click can be lost while the listing
         redraws (a kernel starting refreshes it): no tab `timeout` s later, it is
         double-clicked again, as a person would, up to `tries` times."""
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
         if not self.opened:
             self.page.goto(f"{self.url}/lab/tree/{self.path(name)}?token={TOKEN}")
             self.page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell")
@@ -241,9 +249,7 @@ class Lab:
                 if attempt:
                     self.clicked_again.append(name)
                 self.page.locator(".jp-DirListing-item", has_text=f"{name}.ipynb").dblclick()
-                with contextlib.suppress(PlaywrightTimeout):
-                    self.page.wait_for_function(f"p => ({STATE_JS})(p)", arg=self.path(name),
-                                                polling=200, timeout=timeout * 1000)
+                if self.until(f"p => ({STATE_JS})(p)", self.path(name), timeout):
                     break
             else:
                 self.fail(f"{name}: no tab after {tries} double-clicks in the file browser")
@@ -252,12 +258,9 @@ class Lab:
     def wait_idle(self, timeout: float = 240.0) -> None:
         """Until every open notebook is loaded and its kernel idle (a Run All before the kernel
         is there runs nothing); past `timeout` s, fails with what each shows."""
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
         idle = (f"ps => ps.every(p => {{ const s = ({STATE_JS})(p); "
                 f"return s && s.ready && s.status === 'idle'; }})")
-        with contextlib.suppress(PlaywrightTimeout):
-            self.page.wait_for_function(idle, arg=[self.path(n) for n in self.opened],
-                                        polling=200, timeout=timeout * 1000)
+        if self.until(idle, [self.path(n) for n in self.opened], timeout):
             return
         states = {name: self.state(name) for name in self.opened}
         self.fail(f"kernels not idle after {timeout:.0f} s: " + "; ".join(
@@ -276,19 +279,15 @@ class Lab:
         """The notebook (nbformat JSON) once its kernel is idle and every code cell ran or one
         raised (Run All stops there). A dialog, a dead kernel or the deadline (time.monotonic)
         fails with what it shows."""
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout
         done = (f"p => {{ const s = ({STATE_JS})(p); return s.dialog || s.status === 'dead' || "
                 f"s.status === 'idle' && (s.error || s.counts.every(n => n)); }}")
-        left = max(deadline - time.monotonic(), 1)
-        with contextlib.suppress(PlaywrightTimeout):
-            self.page.wait_for_function(done, arg=self.path(name), polling=500,
-                                        timeout=left * 1000)
+        self.until(done, self.path(name), max(deadline - time.monotonic(), 1), polling=500)
         state = self.state(name)
         if state["dialog"]:
             self.fail(f"{name}: JupyterLab shows a dialog: {state['dialog']}")
         if state["status"] != "idle" or not (state["error"] or all(state["counts"])):
             self.fail(f"{name}: not done (kernel {state['status']}, execution counts "
-                        f"{state['counts']})")
+                      f"{state['counts']})")
         return self.page.evaluate(NOTEBOOK_JS, self.path(name))
 
     def shown(self, name: str) -> dict:
