@@ -35,6 +35,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-extensions"]
+# Playwright's waits (a browser start, a page load, a click) get 90 s, not its 30 s default: a
+# page shares two cores with kernels, training runs and the other pytest worker
+WAIT_S = 90.0
 # front-end plugins a notebook run needs none of: the language server's (its server extension is
 # off too: it would 404 and log errors), the extension manager, the terminal, the debugger and
 # the Notebook 7 buttons. Fewer plugins start faster.
@@ -89,6 +92,12 @@ SHOWN_JS = """([id, blocks]) => {
     shown[name] = panel.querySelectorAll(`.jp-OutputArea-output .${css}`).length;
   return shown;
 }"""
+
+
+def chromium(playwright, **options):
+    """The OS's Chromium, headless, started by Playwright (`playwright`: sync_playwright()'s)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                      timeout=WAIT_S * 1000, **options)
 
 
 def browser_or_skip(what: str):
@@ -203,12 +212,10 @@ def _stop(server: subprocess.Popen) -> None:
 class Lab:
     """One browser page on JupyterLab, with notebooks opened in tabs as a person opens them."""
 
-    def __init__(self, page, url: str, log: Path, folder: str = "notebooks",
-                 timeout: float = 90.0):
+    def __init__(self, page, url: str, log: Path, folder: str = "notebooks"):
         self.page, self.url, self.log, self.folder = page, url, log, folder
-        # every wait without its own timeout (the first page load, a click, a tab closing):
-        # Playwright's 30 s is short for a page that shares two cores with eleven kernels
-        page.set_default_timeout(timeout * 1000)
+        # every wait without its own timeout (the first page load, a click, a tab closing)
+        page.set_default_timeout(WAIT_S * 1000)
         self.opened: list[str] = []
         self.clicked_again: list[str] = []       # notebooks whose first double-click was lost
         self.console_errors: list[str] = []       # the page's console errors and exceptions

@@ -25,8 +25,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from jupyterlab_driver import (BLOCKS, CHROMIUM, CHROMIUM_ARGS, Lab, browser_or_skip, errors,
-                               lab_server, stream_text, unexplained)
+from jupyterlab_driver import (BLOCKS, Lab, browser_or_skip, chromium, errors, lab_server,
+                               stream_text, unexplained)
 from kit import batch, runs
 
 pytestmark = pytest.mark.jupyterlab
@@ -132,8 +132,7 @@ def test_every_notebook_runs_in_jupyterlab(tmp_path, request):
             sync_playwright() as p:
         took["smoke runs, server"] = time.perf_counter() - started
         # what headless Chromium keeps under ~/.cache (scoped_dir*) goes to the temporary folder
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-                                    env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+        browser = chromium(p, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
         try:
             lab = Lab(browser.new_page(viewport={"width": 1280, "height": 900}), url,
                       tmp_path / "lab" / "server.log")

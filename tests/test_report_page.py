@@ -20,7 +20,7 @@ import yaml
 from kit import batch, runs
 from kit.config.run_config import ConfigError, RunConfig
 from kit.results import page, writers
-from jupyterlab_driver import CHROMIUM, CHROMIUM_ARGS, browser_or_skip
+from jupyterlab_driver import WAIT_S, browser_or_skip, chromium
 
 REPO = Path(__file__).resolve().parents[1]
 # a 1x1 PNG: an image output for the fake notebooks
@@ -193,6 +193,7 @@ def _browser():
 def _open(browser, url: str, screenshot: Path | None = None) -> dict:
     """Load `url`; what it showed and did: console errors, requests that left file://, images."""
     page_ = browser.new_page(viewport={"width": 1280, "height": 900})
+    page_.set_default_timeout(WAIT_S * 1000)
     errors, left = [], []
     page_.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
     page_.on("pageerror", lambda err: errors.append(str(err)))
@@ -254,7 +255,7 @@ def test_the_smoke_report_end_to_end_and_in_a_browser(tmp_path, batch_kernel):
     with table_csv.open(newline="") as f:
         expected = list(csv.reader(f))
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = chromium(p)
         try:
             seen = _open(browser, index.as_uri(), tmp_path / "report.png")
             run_page = _open(browser, seen["links"][0])
@@ -282,7 +283,7 @@ def _screenshot_for_the_docs(sync_playwright, smoke: Path) -> None:
         shutil.copyfile(smoke, target)
         return
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = chromium(p)
         try:
             seen = _open(browser, Path(other).resolve().as_uri(), Path(target))
         finally:
