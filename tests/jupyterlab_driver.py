@@ -100,6 +100,14 @@ def chromium(playwright, **options):
                                       timeout=WAIT_S * 1000, **options)
 
 
+def new_page(browser):
+    """A 1280 x 900 page of `browser` whose waits without a timeout of their own (a page load, a
+    click, a tab closing) get WAIT_S."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_S * 1000)
+    return page
+
+
 def browser_or_skip(what: str):
     """Playwright's sync API, or a one-line skip naming what to install; with CI=true a missing
     browser fails `what` instead."""
@@ -210,12 +218,11 @@ def _stop(server: subprocess.Popen) -> None:
 
 
 class Lab:
-    """One browser page on JupyterLab, with notebooks opened in tabs as a person opens them."""
+    """One browser page (new_page's) on JupyterLab, with notebooks opened in tabs as a person
+    opens them."""
 
     def __init__(self, page, url: str, log: Path, folder: str = "notebooks"):
         self.page, self.url, self.log, self.folder = page, url, log, folder
-        # every wait without its own timeout (the first page load, a click, a tab closing)
-        page.set_default_timeout(WAIT_S * 1000)
         self.opened: list[str] = []
         self.clicked_again: list[str] = []       # notebooks whose first double-click was lost
         self.console_errors: list[str] = []       # the page's console errors and exceptions

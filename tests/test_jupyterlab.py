@@ -26,7 +26,7 @@ import nbformat
 import pytest
 
 from jupyterlab_driver import (BLOCKS, Lab, browser_or_skip, chromium, errors, lab_server,
-                               stream_text, unexplained)
+                               new_page, stream_text, unexplained)
 from kit import batch, runs
 
 pytestmark = pytest.mark.jupyterlab
@@ -134,8 +134,7 @@ def test_every_notebook_runs_in_jupyterlab(tmp_path, request):
         # what headless Chromium keeps under ~/.cache (scoped_dir*) goes to the temporary folder
         browser = chromium(p, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
         try:
-            lab = Lab(browser.new_page(viewport={"width": 1280, "height": 900}), url,
-                      tmp_path / "lab" / "server.log")
+            lab = Lab(new_page(browser), url, tmp_path / "lab" / "server.log")
             _run_all(lab)
             took["all running"] = time.perf_counter() - started
             deadline = time.monotonic() + DEADLINE_S

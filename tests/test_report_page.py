@@ -20,7 +20,7 @@ import yaml
 from kit import batch, runs
 from kit.config.run_config import ConfigError, RunConfig
 from kit.results import page, writers
-from jupyterlab_driver import WAIT_S, browser_or_skip, chromium
+from jupyterlab_driver import browser_or_skip, chromium, new_page
 
 REPO = Path(__file__).resolve().parents[1]
 # a 1x1 PNG: an image output for the fake notebooks
@@ -192,8 +192,7 @@ def _browser():
 
 def _open(browser, url: str, screenshot: Path | None = None) -> dict:
     """Load `url`; what it showed and did: console errors, requests that left file://, images."""
-    page_ = browser.new_page(viewport={"width": 1280, "height": 900})
-    page_.set_default_timeout(WAIT_S * 1000)
+    page_ = new_page(browser)
     errors, left = [], []
     page_.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
     page_.on("pageerror", lambda err: errors.append(str(err)))
