@@ -25,6 +25,28 @@ PY="$VENV/bin/python"
 # threads of one process steal the cores of another (2.6x faster steps measured there)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
+usage() {
+  cat <<'USAGE'
+usage: ./run_all.sh [COMMAND | PROFILE] [ARGS...]      (set-up of .venv first, when needed)
+
+  (nothing)            the demo profile: set-up if needed, train, tables, figures, report
+  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--shard i/n, --processes N, --rerun ...)
+  run KEY=VALUE ...    one run from the command line (task=RTE method=ssa-h seed=0 ...)
+  test [PYTEST ARGS]   the test suite (a pytest worker per core, at most 4)
+  doctor [--json]      what the kit will do on this machine and why, with a 5 s speed probe and
+                       the expected times of the demo and of the tests
+  report [PROFILE]     no training: rebuild PROFILE's (default demo) tables, figures and report
+  slurm PROFILE [...]  the profile as a SLURM job array (--array N, --time T, --dry-run ...)
+  -h, --help           this list
+
+More: python -m kit.batch --help (profiles and batches), python -m kit.run --help (every run
+setting with its default), docs/usage.md.
+USAGE
+}
+case "${1:-}" in
+  -h|--help|help) usage; exit 0 ;;
+esac
+
 # pip's output goes to $VENV/setup.log and is shown only when an install fails
 pip_quiet() {
   if ! "$PY" -m pip install --disable-pip-version-check "$@" >>"$VENV/setup.log" 2>&1; then

@@ -50,36 +50,38 @@ def comparable():
 
 
 @pytest.fixture
-def kill_after_first_checkpoint():
-    """`kill(cfg, env, settle, timeout)`: fit(cfg) in a child process with this process's torch
-    thread count (float sums depend on it: the resumed and the straight run continue here),
-    SIGKILLed `settle` s after its first checkpoint appears (inside the next epoch), as a
-    preemption would; asserts it had neither ended nor written metrics.json."""
+def kill_at_step():
+    """`kill(cfg, step, env, timeout)`: fit(cfg) in a child process with this process's torch
+    thread count (float sums depend on it: the resumed and the straight run continue here) that
+    SIGKILLs itself as its `step`-th training step (1-based) begins, as a preemption would. The
+    fault is placed by the run's progress, not by wall time: on a fast CPU a run outpaces any
+    sleep. Asserts the child died by the signal with a checkpoint and no metrics.json."""
     import signal
     import subprocess
     import sys
-    import time
 
     import torch
 
     from kit.runs import run_dir_of
 
-    def kill(cfg, env=None, settle: float = 0.2, timeout: float = 240.0) -> None:
+    def kill(cfg, step: int, env=None, timeout: float = 240.0) -> None:
+        script = (f"import os, signal, torch; torch.set_num_threads({torch.get_num_threads()})\n"
+                  "from kit.train import loop\n"
+                  "real, calls = loop.train_step, []\n"
+                  "def train_step(*args, **kwargs):\n"
+                  "    calls.append(1)\n"
+                  f"    if len(calls) == {step}:\n"
+                  "        os.kill(os.getpid(), signal.SIGKILL)\n"
+                  "    return real(*args, **kwargs)\n"
+                  "loop.train_step = train_step\n"
+                  "from kit.config.run_config import RunConfig\n"
+                  "from kit.train.finetune import fit\n"
+                  f"fit(RunConfig(**{cfg.to_dict()!r}))\n")
+        done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, timeout=timeout,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
         run = run_dir_of(cfg)
-        script = (f"import torch; torch.set_num_threads({torch.get_num_threads()}); "
-                  f"from kit.config.run_config import RunConfig; "
-                  f"from kit.train.finetune import fit; fit(RunConfig(**{cfg.to_dict()!r}))")
-        started = time.time()
-        proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        state = run / "checkpoint" / "last"   # swapped in whole when complete
-        while not state.exists():
-            assert proc.poll() is None, "the run ended before its first checkpoint"
-            assert time.time() - started < timeout
-            time.sleep(0.05)
-        time.sleep(settle)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        assert (run / "checkpoint" / "last").is_dir()
         assert not (run / "metrics.json").exists()      # nothing claims to be finished
 
     return kill

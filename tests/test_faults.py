@@ -212,23 +212,30 @@ def rewrite_progress(cfg: RunConfig, **written_on) -> Path:
     return last
 
 
+# what `auto` resolved to on this machine (bf16 on a native-bf16 CPU or with SSA_KIT_CPU_BF16=native,
+# else fp32), and the other class's: the hardware checks are about the record, not the class
+OTHER_PRECISION = {"bf16": ("bf16", "no", "fp32"), "no": ("fp32", "bf16", "bf16")}
+
+
 def test_a_checkpoint_of_other_hardware_is_refused_in_one_line(tmp_path, monkeypatch):
     cfg = killed_after_epoch_0(tmp_path, monkeypatch)
     last = checkpoint_dir(run_dir_of(cfg)) / "last"
     written_on = json.loads((last / "progress.json").read_text())["written_on"]
-    assert written_on == {"precision": "no", "device": "cpu", "processes": 1}
-    rewrite_progress(cfg, precision="bf16")
+    here = accel.machine_precision("auto")
+    assert written_on == {"precision": here, "device": "cpu", "processes": 1}
+    here_name, other, other_name = OTHER_PRECISION[here]
+    rewrite_progress(cfg, precision=other)
     with pytest.raises(CheckpointError) as err:
         fit(cfg)
     assert str(err.value) == (
-        f"{last} was written with bf16 on cpu x1; this run has fp32 on cpu x1 (mixed_precision "
-        "auto resolves per machine): resume it on hardware like that, set "
+        f"{last} was written with {other_name} on cpu x1; this run has {here_name} on cpu x1 "
+        "(mixed_precision auto resolves per machine): resume it on hardware like that, set "
         "resume_on_other_hardware: true to resume anyway (not bit-exact), or delete that folder "
         "to restart the run from scratch")
-    rewrite_progress(cfg, precision="no", device="cuda", processes=4)
-    with pytest.raises(CheckpointError, match=r"was written with fp32 on cuda x4; this run has "
-                                              r"fp32 on cpu x1: resume it on hardware like that "
-                                              r"\(--processes 4\), set resume_on_other_"):
+    rewrite_progress(cfg, precision=here, device="cuda", processes=4)
+    with pytest.raises(CheckpointError, match=rf"was written with {here_name} on cuda x4; this run "
+                                              rf"has {here_name} on cpu x1: resume it on hardware "
+                                              r"like that \(--processes 4\), set resume_on_other_"):
         fit(cfg)
 
 
@@ -245,8 +252,9 @@ def test_resume_on_other_hardware_goes_on_and_notes_it(tmp_path, monkeypatch, co
     (last / "random_states_1.pkl").write_bytes((last / "random_states_0.pkl").read_bytes())
     resumed = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "killed"),
                             resume_on_other_hardware=True))
+    here = OTHER_PRECISION[accel.machine_precision("auto")][0]
     assert resumed["resumed_on_other_hardware"] == [
-        f"{last} was written with fp32 on cpu x2; this run has fp32 on cpu x1: resumed there "
+        f"{last} was written with {here} on cpu x2; this run has {here} on cpu x1: resumed there "
         "(resume_on_other_hardware), not bit for bit"]
     assert read_metrics(run_dir_of(cfg))["resumed_on_other_hardware"] == \
         resumed["resumed_on_other_hardware"]

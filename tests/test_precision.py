@@ -175,7 +175,29 @@ def test_a_run_failing_on_a_missing_mps_operator_records_that_line(tmp_path, mon
 ])
 def test_native_bf16_is_read_from_the_cpu_capabilities(monkeypatch, caps, want):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
-    assert accel.cpu_has_native_bf16() is want
+    monkeypatch.delenv(accel.CPU_BF16_SWITCH, raising=False)
+    assert accel.cpu_has_native_bf16() is accel.cpu_bf16_in_hardware() is want
+
+
+@pytest.mark.parametrize("hardware", [True, False])
+@pytest.mark.parametrize("switch, want", [("native", True), ("emulated", False),
+                                          (" Native ", True), ("", None)])
+def test_the_class_switch_overrides_the_hardware_for_auto_only(monkeypatch, hardware, switch,
+                                                               want):
+    """SSA_KIT_CPU_BF16 makes `auto` resolve as on the other class (the tests' second lane);
+    unset, the hardware decides. What the CPU really has stays in cpu_bf16_in_hardware."""
+    caps = {"avx2": True, "avx512_bf16": hardware}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    monkeypatch.setenv(accel.CPU_BF16_SWITCH, switch)
+    assert accel.cpu_has_native_bf16() is (hardware if want is None else want)
+    assert accel.cpu_bf16_in_hardware() is hardware
+
+
+def test_a_misspelt_class_switch_is_one_line(monkeypatch):
+    monkeypatch.setenv(accel.CPU_BF16_SWITCH, "amx")
+    with pytest.raises(ValueError, match=r"^SSA_KIT_CPU_BF16='amx': use one of native, emulated "
+                                         r"\(or leave it unset: this CPU decides\)$"):
+        accel.cpu_has_native_bf16()
 
 
 @CPU_ONLY

@@ -15,6 +15,8 @@ from kit import batch
 from kit import io as kio
 from kit.config.run_config import RunConfig
 from kit.train.finetune import CheckpointError, RunLocked, fit, run_dir_of
+from kit.train.accel import machine_precision
+from kit.train.run_state import describe
 
 REPO = Path(__file__).resolve().parents[1]
 KILLABLE = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=2000, epochs=3,
@@ -22,12 +24,13 @@ KILLABLE = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=2
 
 
 def test_sigkill_mid_epoch_then_resume_gives_the_uninterrupted_metrics(
-        tmp_path, kill_after_first_checkpoint, comparable):
-    """A real SIGKILL (nothing runs after it) just after the first mid-epoch checkpoint (every
-    8 steps here): the rerun resumes from it and ends as the uninterrupted run."""
+        tmp_path, kill_at_step, comparable):
+    """A real SIGKILL (nothing runs after it) three steps after the first mid-epoch checkpoint
+    (every 8 steps here; 25 steps an epoch): the rerun resumes from it and ends as the
+    uninterrupted run."""
     settings = {**KILLABLE, "synthetic_size": 800, "epochs": 2, "checkpoint_steps": 8}
     killed = RunConfig(**settings, outputs_dir=str(tmp_path / "killed"))
-    kill_after_first_checkpoint(killed, settle=0.2, timeout=240)   # inside epoch 1
+    kill_at_step(killed, 11, timeout=240)                  # inside epoch 1
     resumed = fit(killed)
     assert resumed["status"] == "ok" and resumed["resumed_inside_epoch"] is not None
     straight = fit(RunConfig(**settings, outputs_dir=str(tmp_path / "straight")))
@@ -133,7 +136,9 @@ def test_a_checkpoint_of_another_process_count_is_refused_with_the_count(tmp_pat
     state = json.loads((last / "progress.json").read_text())
     del state["written_on"]
     (last / "progress.json").write_text(json.dumps(state))
-    with pytest.raises(CheckpointError, match=r"written with fp32 on cpu x2; this run has fp32 on "
-                                              r"cpu x1: resume it on hardware like that "
+    here = describe({"precision": machine_precision(cfg.mixed_precision), "device": "cpu",
+                     "processes": 1})   # "fp32 on cpu x1", or bf16 where `auto` picks it
+    with pytest.raises(CheckpointError, match=rf"written with {here[:-1]}2; this run has {here}: "
+                                              r"resume it on hardware like that "
                                               r"\(--processes 2\)"):
         fit(cfg)

@@ -17,10 +17,34 @@ import torch
 # matmul runs ~2.3x the fp32 one (docs/benchmarks.md); elsewhere bf16 is emulated, slower than fp32.
 # ARM's bf16 is left at fp32: not measured.
 NATIVE_BF16_FEATURES = ("avx512_bf16", "amx_bf16")
+# SSA_KIT_CPU_BF16=native (or =emulated): `auto` resolves as on a CPU with (without) bf16 matrix
+# instructions, whatever this one has, so either class's paths run on any machine - the tests'
+# second lane (.ci/run) and a developer checking what the other class would do. bf16 on a CPU
+# without the instructions is correct, only slower (emulated). Unset: this CPU decides.
+CPU_BF16_SWITCH = "SSA_KIT_CPU_BF16"
+CPU_BF16_CHOICES = {"native": True, "emulated": False}
+
+
+def cpu_bf16_in_hardware() -> bool:
+    """This CPU has bf16 matrix instructions (what provenance records, whatever the switch)."""
+    return any(torch.cpu.get_capabilities().get(f, False) for f in NATIVE_BF16_FEATURES)
+
+
+def cpu_bf16_pretended() -> bool | None:
+    """The class SSA_KIT_CPU_BF16 asks `auto` to resolve as (True: native), or None: unset."""
+    value = os.environ.get(CPU_BF16_SWITCH, "").strip().lower()
+    if not value:
+        return None
+    if value not in CPU_BF16_CHOICES:
+        raise ValueError(f"{CPU_BF16_SWITCH}={value!r}: use one of {', '.join(CPU_BF16_CHOICES)} "
+                         "(or leave it unset: this CPU decides)")
+    return CPU_BF16_CHOICES[value]
 
 
 def cpu_has_native_bf16() -> bool:
-    return any(torch.cpu.get_capabilities().get(f, False) for f in NATIVE_BF16_FEATURES)
+    """Whether `auto` treats this CPU as one with native bf16: the switch, else the hardware."""
+    pretended = cpu_bf16_pretended()
+    return cpu_bf16_in_hardware() if pretended is None else pretended
 
 
 def cuda_has_native_bf16() -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from kit.config.paths import kit_commit     # the checkout whose commit a run records
-from kit.train.accel import cpu_has_native_bf16, cuda_has_native_bf16, machine_device
+from kit.train.accel import cpu_bf16_in_hardware, cuda_has_native_bf16, machine_device
 
 # the capabilities that decide what the kit does on a CPU (torch.cpu.get_capabilities() names,
 # weakest first; kit.doctor lists those an x86 CPU has and lacks in this order). torch reads them
@@ -69,7 +69,7 @@ def cpu_info() -> dict:
     flags = [f for f in CPU_FLAGS + ARM_FLAGS if caps.get(f) is True]   # not sve_max_length's int
     arch = platform.machine()
     return {"model": cpu_model(), "arch": arch, "flags": flags,
-            "native_bf16": cpu_has_native_bf16(), "cpu_class": cpu_class(flags, arch)}
+            "native_bf16": cpu_bf16_in_hardware(), "cpu_class": cpu_class(flags, arch)}
 
 
 def gpu_info() -> dict | None:

@@ -3,7 +3,11 @@
 # munged, slurmctld and slurmd started directly (no systemd: this runs in containers too), no
 # cgroups, no accounting. Needs root and Debian's packages: apt-get install slurm-wlm munge.
 #   tests/slurm/start-cluster.sh          start what is not running; wait until the node is idle
-# A second call with everything running does nothing. State and logs: $SLURM_TEST_STATE
+#   tests/slurm/start-cluster.sh --stop   stop the daemons this script started (munged only if it
+#                                         started it), leaving a cluster of its own alone
+# A second call with everything running does nothing. tests/test_slurm.py stops what it started
+# when the test session ends, unless SSA_KIT_KEEP_SLURM=1 keeps it for the next run (CI, or a
+# developer rerunning the test). State and logs: $SLURM_TEST_STATE
 # (default /var/lib/ssa-kit-slurm). The config is /etc/slurm/slurm.conf (where sbatch and squeue
 # look), written only if absent or written here before (its first line says so; a changed one
 # restarts the daemons), never over a cluster's own.
@@ -96,8 +100,24 @@ start_munge() {
   chmod 0600 /etc/munge/munge.key
   runuser -u munge -- munged
   wait_for 10 munged munge_up
+  touch "$STATE/munged.ours"          # --stop stops munged only when it was started here
 }
 
+stop_all() {
+  ours || exit 0                      # another cluster's daemons are not ours to stop
+  stop "$STATE/slurmd.pid"
+  stop "$STATE/slurmctld.pid"
+  if [ -f "$STATE/munged.ours" ]; then
+    stop /run/munge/munged.pid
+    rm -f "$STATE/munged.ours"
+  fi
+  echo "start-cluster: stopped"
+}
+
+if [ "${1:-}" = --stop ]; then
+  stop_all
+  exit 0
+fi
 for bin in munged slurmctld slurmd sinfo; do
   command -v "$bin" >/dev/null || die "$bin not found: apt-get install slurm-wlm munge"
 done
@@ -109,8 +129,8 @@ if [ -f "$CONF" ] && ! ours; then
   die "$CONF was not written by this script: start that cluster's own daemons instead"
 fi
 
-munge_up || start_munge
 mkdir -p "$STATE/ctld" "$STATE/d" /etc/slurm
+munge_up || start_munge
 if ! current; then
   stop "$STATE/slurmd.pid"
   stop "$STATE/slurmctld.pid"
