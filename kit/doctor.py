@@ -36,8 +36,14 @@ PRECISION_REASONS = {   # (device, what kit.train.accel resolved `auto` to) -> w
 }
 
 
-def precision_line(device: str, precision: str) -> str:
-    return f"{precision} — {PRECISION_REASONS.get((device, precision), 'as resolved')}"
+def precision_line(device: str, precision: str, pretended: bool | None = None) -> str:
+    """`pretended`: what SSA_KIT_CPU_BF16 says of the CPU (None: unset); on a CPU it decides."""
+    why = PRECISION_REASONS.get((device, precision), "as resolved")
+    if device == "cpu" and pretended is not None:
+        why = (f"{accel.CPU_BF16_SWITCH}={'native' if pretended else 'emulated'} is set: `auto` "
+               f"resolves as on a CPU {'with' if pretended else 'without'} native bf16, whatever "
+               "this one has")
+    return f"{precision} — {why}"
 
 
 def device_line(device: str, forced_cpu: bool, gpu: str) -> str:
@@ -169,7 +175,7 @@ def report() -> dict[str, dict[str, str]]:
                     "gpu": gpu},
         "decisions": {
             "device": device_line(device, forced_cpu, gpu),
-            "precision (auto)": precision_line(device, precision),
+            "precision (auto)": precision_line(device, precision, accel.cpu_bf16_pretended()),
             "compile": COMPILE_LINE,
             "accelerate launch": launch_processes(Path(default_config_file), cuda_count),
             "kit processes": "1 — kit.batch / kit.run --processes N (N > 1: torchrun, one per "

@@ -129,6 +129,15 @@ def test_offline_lines():
         "no — the hub answers: hub models and GLUE's hub copy work")
 
 
+def test_the_precision_line_names_the_class_switch_when_set():
+    assert doctor.precision_line("cpu", "bf16", True) == (
+        "bf16 — SSA_KIT_CPU_BF16=native is set: `auto` resolves as on a CPU with native bf16, "
+        "whatever this one has")
+    assert doctor.precision_line("cpu", "no", False).startswith("no — SSA_KIT_CPU_BF16=emulated")
+    assert doctor.precision_line("cpu", "no") == doctor.precision_line("cpu", "no", None)
+    assert doctor.precision_line("cuda", "bf16", True) == doctor.precision_line("cuda", "bf16")
+
+
 def test_prediction_arithmetic():
     calibration = {"slow box": {"probe_s_per_step": 3.0, "demo_s": 200, "suite_s": 700},
                    "fast box": {"probe_s_per_step": 1.0, "demo_s": 100, "suite_s": 300}}
@@ -164,6 +173,15 @@ def test_prediction_arithmetic():
                 got = speed_probe.predict(machine["probe_s_per_step"],
                                           precision=machine["precision"])[target]
                 assert got == pytest.approx(machine[target], rel=0.25), (machine, target)
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_each_cpu_class_has_a_machine_that_measured_both_commands(precision):
+    """The doctor predicts from machines of the probe's own precision (fp32: AVX2 only; bf16:
+    avx512_bf16 / AMX): each class has one that measured the demo and one the suite, so its
+    predictions are not the other class's line (2.6-3x off on a bf16 machine before)."""
+    for target in ("demo_s", "suite_s"):
+        assert speed_probe.measured(target, precision)[1], (precision, target)
 
 
 def test_time_steps_warms_up_then_times_within_the_budget():

@@ -56,6 +56,14 @@ CALIBRATION = {
                   "2026-11-25: probe = ./run_all.sh doctor on idle cores, before either command "
                   "ran (it predicted the demo at 2.3 min); demo and suite = fresh-clone-check of "
                   "8985ab7, offline, a pytest worker per core (.ci/run on the same clone: 180 s)"},
+    "2-core avx512_bf16 EPYC (a274152)": {
+        "precision": "bf16", "probe_s_per_step": 0.163, "demo_s": 133, "suite_s": 218,
+        "source": "a 2-core AMD EPYC VM with avx512_bf16 and no AMX (bf16 autocast), "
+                  "2026-11-27: demo and suite = the README commands on a fresh clone of a274152, "
+                  "offline (the suite's second run, 4 class-specific tests failing there, fixed "
+                  "since). Its probe is read back from the doctor's own predictions there (demo "
+                  "~5.7 min, suite ~1.2 min on the AVX2 lines: both give 0.163 s/step): the "
+                  "report gave them, not the s/step"},
     "2-core AMX Xeon": {
         "precision": "bf16", "probe_s_per_step": 0.198, "demo_s": None, "suite_s": None,
         "source": "probe: bench/step_profile.py --length 14 --threads 1, bf16, the same step "
