@@ -98,6 +98,22 @@ def parameter_groups(model: nn.Module, lr: float, weight_decay: float, layer_dec
     return [groups[key] for key in sorted(groups)]
 
 
+def merged_groups(groups: list[dict]) -> list[dict]:
+    """`groups` with those of equal settings (lr, weight_decay) joined, in order of first
+    appearance: with layer_decay 1 the per-depth groups are two (decay, no decay). A fused
+    AdamW step launches its kernels per group, and every parameter's update is its own
+    (elementwise, the group's settings), so joining changes no value, only the launch count."""
+    merged: dict[tuple[float, float], dict] = {}
+    for group in groups:
+        key = (group["lr"], group["weight_decay"])
+        if key not in merged:
+            merged[key] = {**group, "params": []}
+        else:
+            merged[key]["name"] += "+" + group["name"]
+        merged[key]["params"] += group["params"]
+    return list(merged.values())
+
+
 def _depth_name(depth: int, top: int) -> str:
     return "embeddings" if depth == 0 else "top" if depth == top else f"layer{depth - 1}"
 
