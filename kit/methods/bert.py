@@ -17,6 +17,7 @@ from torch import nn
 
 from kit import methods
 from kit.methods.ssa_heads import TokenImportanceHead, hybrid_sentence
+from kit.models.attention_mask import encoder_mask
 from kit.models.backbones import ModelError
 from kit.models.model_io import load_folder
 
@@ -90,7 +91,8 @@ class SequenceModel(nn.Module):
                 output_attentions: bool = False) -> dict:
         kwargs = {"token_type_ids": token_type_ids} if (
             token_type_ids is not None and self.token_types) else {}
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+        out = self.backbone(input_ids=input_ids,
+                            attention_mask=encoder_mask(self.backbone, attention_mask),
                             output_attentions=output_attentions, **kwargs)
         maps = getattr(out, "attentions", None) if output_attentions else ()
         if output_attentions and (not maps or any(m is None for m in maps)):
@@ -116,10 +118,16 @@ class SequenceModel(nn.Module):
                 "attentions": out.attentions if output_attentions else None}
 
 
-def target_loss(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
+def target_loss(logits: torch.Tensor, labels: torch.Tensor, regression: bool,
+                weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The batch's mean loss; with `weight` (a static shape's batch, kit.data.pipeline.StaticShape:
+    0 on its padding rows) the mean over the weighted rows, so padding rows weigh nothing."""
+    reduction = "mean" if weight is None else "none"
     if regression:
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-    return F.cross_entropy(logits.float(), labels)
+        loss = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction=reduction)
+    else:
+        loss = F.cross_entropy(logits.float(), labels, reduction=reduction)
+    return loss if weight is None else (loss * weight).sum() / weight.sum()
 
 
 def load_trained(folder: str | Path, eager_attention: bool = False) -> tuple[SequenceModel, object]:

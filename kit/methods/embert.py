@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kit import methods
+from kit.models.attention_mask import encoder_mask
 from kit.models.backbones import ModelError
 from kit.models.model_io import load_folder
 
@@ -208,7 +209,8 @@ class MultiTaskModel(nn.Module):
         self._mask = attention_mask
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         try:
-            out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+            out = self.backbone(input_ids=input_ids,
+                                attention_mask=encoder_mask(self.backbone, attention_mask),
                                 output_attentions=output_attentions, **kwargs)
         finally:
             self._mask = None

@@ -43,7 +43,8 @@ def head_vectors(attentions, attention_mask: torch.Tensor,
     return sums / real.sum(-1).clamp(min=1)[:, None, None] * real[:, None, :]
 
 
-def pattern_decorrelation(vectors: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def pattern_decorrelation(vectors: torch.Tensor, attention_mask: torch.Tensor,
+                          weight: torch.Tensor | None = None) -> torch.Tensor:
     """PD loss of head vectors [B, H, T]; the C = A^T A form of the released code.
 
     Note C is token x token: C_ij = sum_h a_hi a_hj over unit-norm head vectors, and the loss
@@ -54,26 +55,38 @@ def pattern_decorrelation(vectors: torch.Tensor, attention_mask: torch.Tensor) -
     c = a.transpose(1, 2) @ a                                        # [B, T, T]
     eye = torch.diag_embed(real)                                     # identity on real tokens only
     per_token = ((c - eye) ** 2).sum(-1)                             # [B, T]; padded rows are 0
-    return ((per_token * real).sum(-1) / real.sum(-1).clamp(min=1)).mean()
+    return batch_mean((per_token * real).sum(-1) / real.sum(-1).clamp(min=1), weight)
 
 
-def map_discrimination(vectors: torch.Tensor, tau: float = 2.0) -> torch.Tensor:
+def map_discrimination(vectors: torch.Tensor, tau: float = 2.0,
+                       weight: torch.Tensor | None = None) -> torch.Tensor:
     """MD loss of head vectors [B, H, T]: each head must be told apart from the others."""
     a = F.normalize(vectors, p=2, dim=-1)
     logits = a @ a.transpose(1, 2) / tau                             # [B, H, H]
     batch, heads, _ = logits.shape
     target = torch.arange(heads, device=logits.device).repeat(batch)
-    return F.cross_entropy(logits.reshape(batch * heads, heads), target)
+    if weight is None:
+        return F.cross_entropy(logits.reshape(batch * heads, heads), target)
+    per_head = F.cross_entropy(logits.reshape(batch * heads, heads), target, reduction="none")
+    return batch_mean(per_head.reshape(batch, heads).mean(-1), weight)
+
+
+def batch_mean(values: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """The mean over the batch's rows; with `weight` (a static shape's batch: 0 on its padding
+    rows) the mean over the weighted rows."""
+    return values.mean() if weight is None else (values * weight).sum() / weight.sum()
 
 
 def guiding_loss(attentions, attention_mask: torch.Tensor, loss_type: str,
                  pd_factor: float = 0.001, ad_factor: float = 0.001,
-                 reduction: str = "query", tau: float = 2.0):
+                 reduction: str = "query", tau: float = 2.0,
+                 weight: torch.Tensor | None = None):
     """Weighted auxiliary loss to add to the task loss, and its unweighted parts for logging.
 
     attentions: per-layer tensors [B, heads, T, T] (HF `outputs.attentions`); may be None for
     loss_type="task". Returns (pd_factor * PD + ad_factor * MD, {"pd": ..., "md": ...}) where the
     dict holds the detached unweighted losses that loss_type asks for (empty for "task").
+    `weight`: 1 a row, 0 a padding row of a static shape (kit.data.pipeline.StaticShape).
     """
     _check_choice("loss_type", loss_type, LOSS_TYPES)
     _check_choice("reduction", reduction, REDUCTIONS)
@@ -86,11 +99,11 @@ def guiding_loss(attentions, attention_mask: torch.Tensor, loss_type: str,
     total = torch.zeros((), device=vectors.device)
     parts = {}
     if loss_type in ("task+pd", "task+both"):
-        pd = pattern_decorrelation(vectors, attention_mask)
+        pd = pattern_decorrelation(vectors, attention_mask, weight)
         total = total + pd_factor * pd
         parts["pd"] = pd.detach()
     if loss_type in ("task+ad", "task+both"):
-        md = map_discrimination(vectors, tau)
+        md = map_discrimination(vectors, tau, weight)
         total = total + ad_factor * md
         parts["md"] = md.detach()
     return total, parts

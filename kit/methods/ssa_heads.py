@@ -80,8 +80,14 @@ def hybrid_sentence(pooled: torch.Tensor, tokens: torch.Tensor, token_logits: to
 
 
 def ssa_loss(token_logits: torch.Tensor, ssa_labels: torch.Tensor) -> torch.Tensor:
-    """Token cross-entropy over labelled positions; exactly 0 when a batch has none."""
-    labelled = ssa_labels != -100
-    if not labelled.any():
-        return token_logits.sum() * 0.0          # keeps the graph, adds nothing
-    return F.cross_entropy(token_logits[labelled].float(), ssa_labels[labelled])
+    """Token cross-entropy over labelled positions (label -100: none); exactly 0 when a batch has
+    none. Without selecting them: a boolean index, or asking whether any is labelled, reads the
+    device back to the host (on a GPU, a wait for every queued kernel at each step). The
+    positions are ordered labelled first (a stable sort, so in their own order) and the loss
+    skips the rest: the same sum in the same order as over the selected positions, bit for bit."""
+    logits, labels = token_logits.flatten(0, -2).float(), ssa_labels.flatten()
+    order = torch.argsort((labels == -100).to(torch.uint8), stable=True)
+    loss = F.cross_entropy(logits[order], labels[order], ignore_index=-100)
+    # no label at all: the mean is 0 / 0, so 0 instead (a NaN of the logits still shows);
+    # its gradient is 0 all the same, every position being skipped
+    return torch.where((labels != -100).any(), loss, torch.zeros_like(loss))
