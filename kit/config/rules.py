@@ -15,6 +15,7 @@ CHOICES = {
     "hybrid_weighting": ("paper", "code", "logodds"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "dropout_rng": ("auto", "torch", "packed"),
+    "length_buckets": ("auto", "off", "on"),
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
     "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
 }

@@ -90,6 +90,9 @@ class RunConfig:
     layer_decay: float = 1.0           # layer-wise lr decay (StructBERT lr_decay_factor); 1 = off
     freeze_layers: int = 0             # freeze the N lowest modules (embeddings count as the first)
     group_by_length: bool = True
+    length_buckets: str = "auto"       # auto | off | on: batches padded to multiples of 16 tokens
+                                       # and batch_size rows (few shapes: a GPU's first-use costs);
+                                       # auto: off everywhere until a GPU measures it (docs/gpu.md)
     mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
                                        # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
     compile: bool = False              # torch.compile the encoder's layer (kit.models.regional_compile)

@@ -184,10 +184,11 @@ def _word_index(text: str) -> np.ndarray:
     return np.minimum(np.cumsum([c == " " for c in text + " "]), text.count(" "))
 
 
-def real_positions(rows: list[np.ndarray]) -> np.ndarray:
-    """[rows, longest row] bool: True where a row has a token, False on its padding."""
+def real_positions(rows: list[np.ndarray], width: int | None = None) -> np.ndarray:
+    """[rows, width (default: the longest row)] bool: True where a row has a token, False on
+    its padding."""
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    return np.arange(lengths.max(initial=0)) < lengths[:, None]
+    return np.arange(lengths.max(initial=0) if width is None else width) < lengths[:, None]
 
 
 def pad_rows(rows: list[np.ndarray], fill, dtype=None, real: np.ndarray | None = None
@@ -226,6 +227,24 @@ def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.
 def random_batches(n: int, batch_size: int, rng: np.random.Generator) -> list[list[int]]:
     order = rng.permutation(n)
     return [order[i:i + batch_size].tolist() for i in range(0, n, batch_size)]
+
+
+@dataclass(frozen=True)
+class StaticShape:
+    """Batches of a few fixed shapes (RunConfig.length_buckets): lengths padded up to a multiple
+    of `step` (at most max_length: that many buckets), and `rows` rows a batch, a short batch
+    (an epoch's last) padded with rows of weight 0. On a GPU each new [rows, length] shape costs
+    a first use (kernel selection, allocator, compile); length-grouped batches make almost every
+    length its own shape. 0 rows: as many as the batch has."""
+    max_length: int
+    rows: int = 0
+    step: int = 16
+
+    def length(self, longest: int) -> int:
+        return min(-(-longest // self.step) * self.step, max(self.max_length, longest))
+
+    def buckets(self) -> list[int]:
+        return sorted({self.length(n) for n in range(1, self.max_length + 1)})
 
 
 def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
