@@ -62,6 +62,11 @@ class SingleTask(loop.Job):
                         labels=None if task.regression else list(task.labels))
         self.model = SequenceModel(backbone, spec)
         self.pad_id = self.tokenizer.pad_token_id
+        # what its steps read: the special-token mask only for SSA-H's token mix, token types
+        # where the encoder takes them (kit.methods.bert.takes_token_types)
+        self.inputs = ("input_ids", "attention_mask", "labels", "ssa_labels",
+                       *(("token_type_ids",) if self.model.token_types else ()),
+                       *(("special_mask",) if methods.get(cfg.method).hybrid else ()))
         cache = token_cache_dir(cfg.outputs_dir)    # a grid's points tokenize each split once
         self.train = encode(self.tokenizer, self.data.train, cfg.max_length, task.regression,
                             cache)
@@ -133,9 +138,9 @@ def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss
     adds pd_factor * L_PD + ad_factor * L_MD on top."""
     guided = guide_loss != "task"
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"),
+                special_mask=batch.get("special_mask"), token_type_ids=batch.get("token_type_ids"),
                 output_attentions=guided)
-    l_target = target_loss(out["logits"], batch["labels"], regression)
+    l_target = target_loss(out["logits"], batch["labels"], regression, batch.get("weight"))
     terms = {"loss": l_target}
     if out["token_logits"] is not None:
         l_ssa = ssa_loss(out["token_logits"], batch["ssa_labels"]) if "ssa_labels" in batch \
@@ -144,7 +149,8 @@ def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss
                  "loss_target": l_target, "loss_ssa": l_ssa}
     if guided:
         aux, parts = guiding_loss(out["attentions"], batch["attention_mask"], guide_loss,
-                                  pd_factor, ad_factor, guide_reduction)
+                                  pd_factor, ad_factor, guide_reduction,
+                                  weight=batch.get("weight"))
         terms = {**terms, "loss": terms["loss"] + aux, "loss_target": l_target,
                  **{f"loss_{k}": v for k, v in parts.items()}}
     return terms

@@ -16,7 +16,6 @@ builds the identical next epoch. Counts are global; only the main process writes
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -34,72 +33,12 @@ from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_m
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import Examples
 from kit.data.tensors import collate
-from kit.models.model_io import save_model
-from kit.train.optim import LinearSchedule, parameter_groups
+from kit.train.optim import LinearSchedule, merged_groups, parameter_groups
 from kit.config.paths import kit_commit
 from kit.train.provenance import environment
-from kit.train.step import (NonFiniteLoss, check_finite, history_row, predict_logits,  # noqa: F401
-                            shard, to_device, train_step)
-
-
-@dataclass
-class Epoch(run_state.EpochWork):
-    """One epoch's training work: the examples of each task and the plan of global batches
-    (task index, rows of that task's examples), plus SSA label statistics if any."""
-    sets: list[Examples]
-    plan: list[tuple[int, list[int]]]
-    label_stats: dict | None = None
-
-
-class Job:
-    """What a kind of run brings to the loop (see kit.train.finetune.SingleTask,
-    kit.train.multitask.MultiTask).
-
-    Attributes set by the constructor: model (not yet prepared), tokenizer, tasks (kit Task
-    list), pad_id, has_test; the loop adds `writer` (True in the process that writes files),
-    `trainable` (ids of the parameters that train) and `stop` (the signals noted: a pass of the
-    job's own asks `stop.between_batches`). Methods below."""
-    # DDP: True when a step may leave parameters without a gradient (multi-task heads, stages)
-    find_unused_parameters = False
-
-    def resumed(self, epoch: int) -> None:
-        """Fast-forward any state that carries across epochs to where it was once the batches of
-        epochs 0 .. `epoch` were drawn (a resumed run; -1: none)."""
-
-    def begin(self, epoch: int, unwrapped) -> None:
-        """Set what this epoch's steps rely on (gated stages, masking seeds): before its first
-        step, and again when a run resumes inside it."""
-
-    def epoch(self, epoch: int, probe: Callable[[Examples], np.ndarray], unwrapped) -> Epoch:
-        raise NotImplementedError
-
-    def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
-        """(dev metrics with "score", three-subset stats, {task name: {split: (preds, labels)}})."""
-        raise NotImplementedError
-
-    def record(self, epoch: int, work: Epoch, history: list, epoch_losses: list) -> dict:
-        """Extra fields of the epoch's record (train_loss ...)."""
-        raise NotImplementedError
-
-    def write_dev(self, run_dir: Path, results: dict, suffix: str = "") -> None:
-        raise NotImplementedError
-
-    def write_test(self, run_dir: Path, predict, unwrapped) -> None:
-        """Predict the test splits (every rank: prediction is collective); write if `writer`."""
-        raise NotImplementedError
-
-    def save(self, model, tokenizer, folder: Path) -> None:
-        save_model(model, tokenizer, folder)
-
-    def load(self, folder: Path):
-        raise NotImplementedError
-
-    def summary(self, progress: run_state.Progress, unwrapped) -> dict:
-        """best_dev, best_three_subset, last_dev and the job's own result fields."""
-        raise NotImplementedError
+from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
+from kit.train.window import LossWindow, NonFiniteLoss, check_finite, history_row  # noqa: F401
+from kit.train.job import Epoch, Job  # noqa: F401 (kit.train.loop.Job: what a job subclasses)
 
 
 # ---------------------------------------------------------------- the loop
@@ -153,10 +92,11 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         # kernel importing this loop need not pay for before a model is built
         from kit.models.packed_dropout import use_packed_dropout
         use_packed_dropout(job.model)
-    # fused AdamW: one kernel for all parameters (CPU and CUDA); ~8x faster steps on CPU
-    optimizer = torch.optim.AdamW(parameter_groups(job.model, cfg.lr, cfg.weight_decay,
-                                                   cfg.layer_decay, cfg.freeze_layers),
-                                  lr=cfg.lr, fused=True)
+    # fused AdamW: one kernel for all parameters (CPU and CUDA); ~8x faster steps on CPU. Its
+    # kernels launch per group: the groups of equal settings are one (2 with layer_decay 1)
+    optimizer = torch.optim.AdamW(merged_groups(parameter_groups(
+        job.model, cfg.lr, cfg.weight_decay, cfg.layer_decay, cfg.freeze_layers)),
+        lr=cfg.lr, fused=True)
     job.trainable = {id(p) for p in job.model.parameters() if p.requires_grad}
     model, optimizer = accelerator.prepare(job.model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
@@ -164,9 +104,13 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
 
     stop = job.stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
 
+    shape = static_shape(cfg.length_buckets, accelerator.device.type, cfg.max_length,
+                         -(-cfg.batch_size // accelerator.num_processes) if job.pads_rows else 0)
+    reads = job.inputs and (*job.inputs, "weight")
+
     def predict(examples: Examples, desc: str = "eval") -> np.ndarray:   # stops between batches
         return predict_logits(model, examples, cfg.eval_batch_size, job.pad_id, accelerator, desc,
-                              stop)
+                              stop, shape, [k for k in FORWARD if reads is None or k in reads])
 
     # accelerate saves and restores the model, optimizer and every rank's RNG; run_state this
     # progress (JSON) and, inside an epoch, the epoch's examples and batches as drawn
@@ -212,14 +156,14 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         # (2) train: dropout on (model.train() every epoch: probing and eval switch it off)
         t0 = time.perf_counter()
         model.train()
-        running = [torch.tensor(row) for row in progress.window]
-        running_tasks, epoch_losses = progress.window_tasks, progress.epoch_losses
+        window, epoch_losses = LossWindow(accelerator.device), progress.epoch_losses
+        window.restore(progress.window, progress.window_tasks)
         steps = kprogress.bar(work.plan[progress.position:], desc=f"epoch {shown} train",
                               initial=progress.position, total=len(work.plan),
                               disable=not accelerator.is_local_main_process)
         for i, (t, rows) in enumerate(steps, progress.position):
-            batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id),
-                              accelerator.device)
+            batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id, shape),
+                              accelerator.device, reads)
             at = (epoch + (i + 1) / len(work.plan)) / cfg.epochs
             # the epoch's last accumulation may hold fewer batches: it steps at the epoch's end,
             # so no half-accumulated gradient crosses into the next epoch (or past a checkpoint)
@@ -227,30 +171,26 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             terms = train_step(accelerator, model, optimizer,
                                lambda: job.loss_terms(model, batch, t), cfg.max_grad_norm,
                                lambda: schedule.set_progress(at), group, i + 1 == len(work.plan))
-            lr = schedule.lr
-            running.append(torch.stack([v.detach() for v in terms.values()]))
-            running_tasks.append(t)
+            lr = schedule.lr                  # a float the loop set: reading it reads no device
+            window.add(terms, t)
             progress.step += 1
             progress.trained_examples += len(rows)          # the global batch
             if progress.step % cfg.log_every == 0 or i == len(work.plan) - 1:
-                window = torch.stack(running).float()       # one host sync per log, not per step
-                if accelerator.num_processes > 1:
-                    window = accelerator.reduce(window, "mean")
-                check_finite(window, list(terms), epoch, progress.step,
+                means, values, tasks = window.read(accelerator)   # the window's one read
+                check_finite(values, list(terms), epoch, progress.step,
                              accelerator.mixed_precision)
                 progress.history.append(history_row(
                     progress.step, round(epoch + (i + 1) / len(work.plan), 4),
-                    round(time.perf_counter() - started, 3), list(terms), window,
-                    running_tasks, [t.name for t in job.tasks], epoch_losses, lr))
-                running, running_tasks = [], []
+                    round(time.perf_counter() - started, 3), list(terms), means, values,
+                    tasks, [t.name for t in job.tasks], epoch_losses, lr))
                 steps.set_postfix(loss=f"{progress.history[-1]['loss']:.4f}", refresh=False)
                 accelerator.log(ktracking.step_scalars(progress.history[-1]), step=progress.step)
             if not accelerator.sync_gradients:   # a checkpoint keeps no half-accumulated gradient
                 continue
             stopping, due = stop.agreed(progress.step, accelerator)
             if stopping or (due and i + 1 < len(work.plan)):
-                progress.window = [row.float().tolist() for row in running]
-                progress.window_tasks, progress.lr = list(running_tasks), lr
+                progress.window, progress.window_tasks = window.saved()
+                progress.lr = lr
                 t0 = run_state.save_inside(accelerator, run_dir, progress, work, i + 1, t0,
                                            started)
                 stop.checkpointed()
@@ -323,7 +263,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             "resumed_on_other_hardware": progress.other_hardware,
             "processes": accelerator.num_processes,
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision,
-            "dropout_rng": dropout_rng}
+            "dropout_rng": dropout_rng, "length_buckets": "off" if shape is None else "on"}
 
 
 def shown_epoch(epoch: int, cfg: RunConfig) -> str:

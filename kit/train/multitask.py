@@ -144,6 +144,7 @@ class MultiTask(loop.Job):
     """Several tasks, one head each (EmBERT / Gated-BERT); batches of one task at a time, the
     task of each batch sampled by TaskMixer; gated stages switch per epoch."""
     find_unused_parameters = True
+    inputs = ("input_ids", "attention_mask", "labels", "token_type_ids")   # no SSA, no token mix
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -181,9 +182,9 @@ class MultiTask(loop.Job):
 
     def loss_terms(self, model, batch: dict, task: int) -> dict:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"),
-                    task=task)
-        return {"loss": target_loss(out["logits"], batch["labels"], self.tasks[task].regression)}
+                    token_type_ids=batch.get("token_type_ids"), task=task)
+        return {"loss": target_loss(out["logits"], batch["labels"], self.tasks[task].regression,
+                                    batch.get("weight"))}
 
     def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
         """Every task on its full dev set(s); selection on the mean task score."""

@@ -139,6 +139,9 @@ def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 class Pretrain(loop.Job):
     """Masked-LM training on a task's text; dev metrics {mlm_loss, perplexity, score=-mlm_loss}
     of the held-out text; `adapted_dir` gets the best epoch's model after training."""
+    # its masking reads the rows and the special-token mask (on the host, per step), and a row
+    # of weight 0 would be masked and weighed like any other: lengths are bucketed, rows not
+    pads_rows = False
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg

@@ -1,22 +1,22 @@
 """THE training step, the loop's (kit.train.loop) and the doctor's speed probe's
 (kit.train.speed_probe): forward and loss under the accelerator's autocast, backward (fp16:
 scaled), clipping and the optimizer step when the accumulated gradients are complete. Beside
-it, what the loop does with the step's losses (the finite check and history.csv's rows) and
-THE inference pass (`predict_logits`: SSA probing, evaluation, test prediction)."""
+it, a batch's way to the device (only the tensors the job reads; the static shapes of
+`length_buckets`) and THE inference pass (`predict_logits`: SSA probing, evaluation, test
+prediction). Nothing in a step or a batch of the pass reads a device value back: on a GPU each
+read waits for every kernel queued before it (the losses are read per logging window:
+kit.train.window; the logits once at the end of a pass)."""
 from __future__ import annotations
 
 from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from kit.data.pipeline import Examples, sorted_batches
+from kit.data.pipeline import Examples, StaticShape, sorted_batches
 from kit.data.tensors import collate
 from kit.train import progress as kprogress
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
 
 
 def train_step(accelerator, model, optimizer, loss_terms: Callable[[], dict], max_grad_norm: float,
@@ -46,93 +46,98 @@ def train_step(accelerator, model, optimizer, loss_terms: Callable[[], dict], ma
     return terms
 
 
-def history_row(step: int, epoch: float, wall_s: float, names: list[str], window: torch.Tensor,
-                window_tasks: list[int], task_names: list[str], epoch_losses: list[list[float]],
-                lr: float) -> dict:
-    """A history.csv row: the window's mean of each loss term; with several tasks also the
-    mean loss of each task in the window (`loss_<TASK>`), kept per task for the epoch record."""
-    row = {"step": step, "epoch": epoch, "wall_s": wall_s,
-           **dict(zip(names, window.mean(0).tolist()))}
-    values = window[:, 0].tolist()
-    per_task: dict[str, list[float]] = {}
-    for t, value in zip(window_tasks, values):
-        epoch_losses[t].append(value)
-        per_task.setdefault(f"loss_{task_names[t]}", []).append(value)
-    if len(task_names) > 1:
-        row.update({k: float(np.mean(v)) for k, v in per_task.items()})
-    return {**row, "lr": lr}
+# ---------------------------------------------------------------- batches on the device
+
+# what a forward reads of a batch (the inference pass copies no more)
+FORWARD = ("input_ids", "attention_mask", "special_mask", "token_type_ids")
 
 
-def check_finite(window: torch.Tensor, names: list[str], epoch: int, step: int,
-                 precision: str = "no") -> None:
-    """Stop at the first non-finite loss of the logging window, naming its step and terms. The
-    losses are fp32 (computed from the forward's fp32 outputs) under every precision, so a
-    non-finite one is a divergence, or under fp16 a forward that left fp16's range; gradients
-    that overflow under fp16 are the loss scaler's business (it skips that step), not this."""
-    bad = (~torch.isfinite(window)).any(dim=1).nonzero()
-    if len(bad):
-        row = int(bad[0])
-        at = step - len(window) + row
-        hint = ("; fp16 autocast: activations may have left fp16's range (65504), bf16 or no "
-                "would keep them" if precision == "fp16" else "")
-        raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {at}: " + ", ".join(
-            f"{k}={v:.4g}" for k, v in zip(names, window[row].tolist())) + hint)
+def static_shape(choice: str, device_type: str, max_length: int, rows: int
+                 ) -> StaticShape | None:
+    """RunConfig.length_buckets: `on` pads every batch to a length bucket and `rows` rows
+    (kit.data.pipeline.StaticShape); `auto` is `off` on every device: the CPU measured batches
+    of their own longest row faster (no first-use cost to save there), and a GPU has not yet
+    measured the difference (docs/gpu.md)."""
+    del device_type          # auto's answer will depend on it once a GPU has measured it
+    return StaticShape(max_length, rows) if choice == "on" else None
 
-
-# ---------------------------------------------------------------- the inference pass
 
 def shard(rows: list[int], accelerator) -> list[int]:
     """This rank's part of a global batch: rows[rank::n]. A batch smaller than the number of
     processes is cycled so every rank has a row (its repeats weigh the same as the originals)."""
-    n = accelerator.num_processes
+    return shard_of(rows, accelerator.process_index, accelerator.num_processes)
+
+
+def shard_of(rows: list[int], rank: int, n: int) -> list[int]:
     if n == 1:
         return rows
     if len(rows) < n:
         rows = [rows[i % len(rows)] for i in range(n)]
-    return rows[accelerator.process_index::n]
+    return rows[rank::n]
 
 
-def to_device(batch: dict, device) -> dict:
-    """The batch on the run's device. CUDA: from pinned memory, so the copy overlaps the compute;
-    MPS (unified memory, no pinning) and CPU: a plain copy (none on the CPU)."""
+def to_device(batch: dict, device, keys=None) -> dict:
+    """The batch's tensors named in `keys` (None: all) on the run's device. CUDA: from pinned
+    memory, so the copy overlaps the compute; MPS (unified memory, no pinning): a plain copy;
+    CPU: the tensors as they are."""
+    batch = {k: v for k, v in batch.items() if keys is None or k in keys}
     if device.type == "cuda":
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    if device.type == "cpu":
+        return batch
     return {k: v.to(device) for k, v in batch.items()}
 
 
+# ---------------------------------------------------------------- the inference pass
+
 @torch.inference_mode()
 def predict_logits(model, examples: Examples, batch_size: int, pad_id: int, accelerator,
-                   desc: str = "eval", stop=None) -> np.ndarray:
+                   desc: str = "eval", stop=None, shape: StaticShape | None = None,
+                   keys=FORWARD) -> np.ndarray:
     """Logits for every row, in row order. Eval mode (no dropout); longest batches first; with
     several processes each rank runs its slice of every batch and the slices are gathered.
-    `stop` (kit.train.preemption.Stop): a signal ends the pass between two batches with
+    The logits stay on the device until the pass ends, then come back in one copy; which row
+    each is comes from the host's own batches (`gathered_rows`), never from the device.
+    `shape`: the static shapes of training (its rows: this pass's batch, per process). `stop`
+    (kit.train.preemption.Stop): a signal ends the pass between two batches with
     preemption.Interrupted, so a stop waits for one batch, not for the whole dev set."""
     was_training = model.training
     model.eval()
     n = accelerator.num_processes
-    rows, logits = [], []
+    per_rank = -(-batch_size // n)
+    if shape is not None:
+        shape = StaticShape(shape.max_length, per_rank, shape.step)
+    order, logits = [], []
     bar = kprogress.bar(sorted_batches(examples.lengths, batch_size), desc=desc,
                         disable=not accelerator.is_local_main_process)
     try:
         for idx in bar:
             if stop is not None:
                 stop.between_batches(accelerator)
-            batch = to_device(collate(examples, shard(idx, accelerator), pad_id),
-                              accelerator.device)
+            batch = to_device(collate(examples, shard(idx, accelerator), pad_id, shape),
+                              accelerator.device, keys)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        special_mask=batch["special_mask"],
+                        special_mask=batch.get("special_mask"),
                         token_type_ids=batch.get("token_type_ids"))
-            got_rows, got = batch["rows"], out["logits"].float()
-            if n > 1:    # slices differ in size by one: pad (row -1), gather, drop the padding
-                got_rows = accelerator.gather(accelerator.pad_across_processes(got_rows,
-                                                                               pad_index=-1))
-                got = accelerator.gather(accelerator.pad_across_processes(got))
-                got, got_rows = got[got_rows >= 0], got_rows[got_rows >= 0]
-            rows.append(got_rows.cpu())
-            logits.append(got.cpu())
+            got = out["logits"].float()
+            if n > 1:    # every slice padded to one size (known here), gathered in rank order
+                width = max(len(got), -(-max(len(idx), n) // n))
+                got = accelerator.gather(F.pad(got, (0, 0, 0, width - len(got))))
+            order.append(gathered_rows(idx, n, len(got) // n))
+            logits.append(got)
     finally:
         bar.close()
         model.train(was_training)
-    result = np.empty((len(examples), logits[0].shape[-1]), dtype=np.float32)
-    result[torch.cat(rows).numpy()] = torch.cat(logits).numpy()
+    rows = np.concatenate(order)
+    values = torch.cat(logits).cpu().numpy()          # the pass's one read
+    result = np.empty((len(examples), values.shape[-1]), dtype=np.float32)
+    result[rows[rows >= 0]] = values[rows >= 0]
     return result
+
+
+def gathered_rows(idx: list[int], n: int, width: int) -> np.ndarray:
+    """The row of each gathered logit of a batch: the ranks' slices in rank order, each `width`
+    long, -1 where a slice was padded (a static shape's rows, or one shorter than the others)."""
+    slices = [shard_of(idx, rank, n) for rank in range(n)]
+    return np.concatenate([np.pad(np.asarray(s, dtype=np.int64), (0, width - len(s)),
+                                  constant_values=-1) for s in slices])
