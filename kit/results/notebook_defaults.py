@@ -43,12 +43,13 @@ def finished_profiles(outputs_dir: str | os.PathLike = "outputs") -> dict[str, f
     root = runs.runs_root(outputs_dir)
     newest: dict[str, float] = {}
     for run_dir in runs.run_folders(root) if root.is_dir() else []:
+        if (runs.readable_metrics(run_dir) or {}).get("status") != "ok":
+            continue
         try:
-            config, metrics = runs.read_config(run_dir), runs.read_metrics(run_dir)
+            name = (runs.read_config(run_dir) or {}).get("profile")
         except (OSError, ValueError):          # a corrupt file: collect_runs names it later
             continue
-        name = (config or {}).get("profile")
-        if not name or (metrics or {}).get("status") != "ok":
+        if not name:
             continue
         newest[name] = max(newest.get(name, 0.0), runs.metrics_path(run_dir).stat().st_mtime)
     return {name: when for name, when in newest.items() if _in_params(name)}
@@ -64,14 +65,7 @@ def _in_params(name: str) -> bool:
 def _finished_count(profile: str, outputs_dir) -> int:
     """The finished runs of the profile's current grid (its params/ file may have changed)."""
     dirs = profile_run_dirs(profile, outputs_dir) or []
-    return sum((_metrics(d) or {}).get("status") == "ok" for d in dirs)
-
-
-def _metrics(run_dir) -> dict | None:
-    try:
-        return runs.read_metrics(run_dir)
-    except (OSError, ValueError):
-        return None
+    return sum((runs.readable_metrics(d) or {}).get("status") == "ok" for d in dirs)
 
 
 def pick_profile(outputs_dir: str | os.PathLike = "outputs", profile: str = "",
