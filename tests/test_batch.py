@@ -1,6 +1,7 @@
 """Profiles: YAML typing, grid expansion, shards, skip-finished, failure records, locks, and the
 smoke profile end to end through papermill (every method, tables written)."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -170,7 +171,7 @@ def _without_timings(value):
 def kernel_starts(monkeypatch, warm_kernels) -> list:
     """The kernels kit.kernels starts from here on, one entry each (this worker's warm kernel
     already running: whichever test comes first does not count its start)."""
-    from kit import kernels
+    from kit.cluster import kernels
     warm_kernels.start()
     starts, start = [], kernels._Manager.start_kernel
 
@@ -385,10 +386,10 @@ def tiny_profile(tmp_path, seeds=(0,)) -> Path:
 
 @pytest.fixture
 def signal_in_cell(monkeypatch):
-    """`signal_in_cell(event, needle, delay)`: SIGUSR1 to this process (the batch's) when
-    papermill starts ("start") or has completed ("complete") the first cell whose source holds
-    `needle` (the injected parameters: "injected-parameters"), `delay` s later: the moments
-    between two cells (the kernel idle) and inside one."""
+    """`signal_in_cell(event, needle, delay, signum)`: SIGUSR1 (or `signum`) to this process
+    (the batch's) when papermill starts ("start") or has completed ("complete") the first cell
+    whose source holds `needle` (the injected parameters: "injected-parameters"), `delay` s
+    later: the moments between two cells (the kernel idle) and inside one."""
     import os
     import signal
     import threading
@@ -405,14 +406,14 @@ def signal_in_cell(monkeypatch):
             if needle and (needle in cell.source or needle in cell.metadata.get("tags", [])):
                 del armed[name]
                 threading.Timer(armed.pop("delay"), os.kill,
-                                (os.getpid(), signal.SIGUSR1)).start()
+                                (os.getpid(), armed.pop("signum"))).start()
             return result
         monkeypatch.setattr(NotebookExecutionManager, name, wrapped)
 
     hook("cell_start")
     hook("cell_complete")
-    return lambda event, needle, delay=0.0: armed.update({f"cell_{event}": needle,
-                                                          "delay": delay})
+    return lambda event, needle, delay=0.0, signum=signal.SIGUSR1: armed.update(
+        {f"cell_{event}": needle, "delay": delay, "signum": signum})
 
 
 def record_of(path, outputs, i=0) -> dict:
@@ -470,7 +471,8 @@ def test_a_signal_before_the_point_trains_stops_the_batch_with_nothing_lost(
     if moment == "the kernel starts":
         monkeypatch.setattr(warm_kernels, "_warm", signalled(warm_kernels._warm))
     else:
-        monkeypatch.setattr(batch, "make_run_dir", signalled(batch.make_run_dir))
+        from kit.cluster import point
+        monkeypatch.setattr(point, "make_run_dir", signalled(point.make_run_dir))
     assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 3
     out = capsys.readouterr().out
     assert "stopped (not started)" in out
@@ -527,7 +529,8 @@ def test_torchrun_gets_the_grace_and_the_signal_the_batch_got(tmp_path, monkeypa
     from kit import kernels
     assert kernels.torchrun_knows("--shutdown-timeout")        # the pinned torch has both
     seen = []
-    monkeypatch.setattr(batch, "run_torchrun", lambda cmd, env: seen.append(cmd) or (0, []))
+    from kit.cluster import point
+    monkeypatch.setattr(point, "run_torchrun", lambda cmd, env: seen.append(cmd) or (0, []))
     point = batch.load_profile(str(tiny_profile(tmp_path)), str(tmp_path / "out")).points[0]
     assert batch.execute(batch.load_profile("smoke"), point, processes=2, grace_s=300) == (
         "ok", "")
@@ -611,3 +614,109 @@ def test_the_signal_thread_waits_between_resends_in_every_batch_of_a_process(mon
             assert len(waits) <= 8, f"{len(waits)} waits in {5 * kernels.RESEND_S:.1f} s"
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+# ------------------------------------------------ nothing hidden: a notebook's own failures
+
+def notebook_with(tmp_path, before: str = "", after: str = "") -> Path:
+    """notebooks/finetune.ipynb's parameters cell and fit() cell, with a cell of code `before`
+    between them and one `after` fit()'s."""
+    import nbformat
+    nb = nbformat.read(REPO / "notebooks" / "finetune.ipynb", as_version=4)
+    parameters = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    fit_cell = next(c for c in nb.cells if "fit(config)" in c.source)
+    extra = lambda code: [nbformat.v4.new_code_cell(code)] if code else []   # noqa: E731
+    nb.cells = [parameters, *extra(before), fit_cell, *extra(after)]
+    path = tmp_path / "notebook.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def with_notebook(monkeypatch, notebook: Path) -> None:
+    """The batch runs its profile's points through `notebook` (a test's own)."""
+    import dataclasses
+    load = batch.load_profile
+    monkeypatch.setattr(batch, "load_profile", lambda *args: dataclasses.replace(
+        load(*args), notebook=notebook))
+
+
+def test_a_notebook_that_fails_after_fit_is_its_own_outcome_and_exit_1(
+        tmp_path, capsys, monkeypatch, batch_kernel):
+    """A cell after fit() raises (a plot, a prediction): the point is `notebook failed`, named
+    in the summary and the exit status (1); its finished run stays, with the notebook that
+    shows the error, and the next batch skips it (never rerun, never deleted)."""
+    profile, outputs = tiny_profile(tmp_path), tmp_path / "out"
+    with_notebook(monkeypatch, notebook_with(tmp_path, after='raise ValueError("the plot failed")'))
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    cfg = RunConfig.from_dict(batch.load_profile(str(profile), str(outputs)).points[0])
+    label = batch.point_label(cfg.to_dict())
+    notebook = run_dir_of(cfg) / "notebook.ipynb"
+    assert re.fullmatch(rf"\[1/1\] {re.escape(label)}: notebook failed \(the run finished ok; "
+                        r"ValueError: the plot failed\) \d+s", lines[2])
+    assert re.fullmatch(r"profile p: 0 ok, 0 skipped, 0 failed, 0 absent \(task files missing\), "
+                        r"1 notebook failed after its run finished in \d+s", lines[-2])
+    assert lines[-1] == (f"profile p: 1 finished run(s) whose notebook failed after training "
+                         f"(the runs are kept; the error is in the notebook): {notebook}")
+    assert record_of(profile, outputs)["status"] == "ok"
+    errors = [o for c in json.loads(notebook.read_text())["cells"] for o in c.get("outputs", [])
+              if o["output_type"] == "error"]
+    assert [(e["ename"], e["evalue"]) for e in errors] == [("ValueError", "the plot failed")]
+    inode = (run_dir_of(cfg) / "metrics.json").stat().st_ino
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 0
+    assert ": skipped (finished earlier)" in capsys.readouterr().out
+    assert (run_dir_of(cfg) / "metrics.json").stat().st_ino == inode
+
+
+def test_a_kernel_that_cannot_start_is_one_failed_point_and_the_batch_goes_on(
+        tmp_path, capsys, monkeypatch, batch_kernel, warm_kernels):
+    """The first point's kernel dies while it starts: that point fails in one line (no record:
+    it never ran) and the next point runs in the kernel started after it."""
+    profile, outputs = tiny_profile(tmp_path, seeds=(0, 1)), tmp_path / "out"
+    start, starts = warm_kernels.start, []
+
+    def dies_once():
+        starts.append(1)
+        if len(starts) == 1:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        start()
+
+    monkeypatch.setattr(warm_kernels, "start", dies_once)
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"\[1/2\] .*: failed \(the kernel did not start: RuntimeError: Kernel died "
+                        r"before replying to kernel_info\) 0s, ETA .*", lines[2])
+    assert re.fullmatch(r"\[2/2\] .*: ok \d+s", lines[4])
+    assert "profile p: 1 ok, 0 skipped, 1 failed" in lines[-1]
+    assert record_of(profile, outputs, 0) == {} and record_of(profile, outputs, 1)["status"] == "ok"
+
+
+def test_ctrl_c_in_a_cell_before_fit_reaches_fit_as_the_other_signals_do(
+        tmp_path, capsys, monkeypatch, batch_kernel, signal_in_cell):
+    """SIGINT (Ctrl-C) to the batch while a cell before fit() runs: the kernel ignores it there,
+    as SIGUSR1 and SIGTERM, so the cell is not cut; passed on again, it reaches fit(), which
+    stops with a checkpoint and records SIGINT: exit 75, as for the scheduler's signals."""
+    import signal
+    profile, outputs = tiny_profile(tmp_path), tmp_path / "out"
+    with_notebook(monkeypatch, notebook_with(tmp_path, before="import time\ntime.sleep(1.5)"))
+    signal_in_cell("start", "time.sleep", delay=0.3, signum=signal.SIGINT)
+    assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 75
+    assert "stopped by SIGINT: 1 run(s) preempted with a checkpoint" in capsys.readouterr().out
+    record = record_of(profile, outputs)
+    assert record["status"] == "preempted" and record["preempted"]["signal"] == "SIGINT"
+
+
+def test_a_corrupt_record_reads_as_none_wherever_only_the_runs_end_is_asked(tmp_path):
+    """One helper (kit.runs.readable_metrics) for every reader that asks how a run ended and
+    tolerates a corrupt metrics.json: it is no finished run, no record of the grid, a point the
+    grid has left, and tables name the file (kit.results.collect)."""
+    from kit import runs
+    from kit.cluster import grid
+    point = batch.load_profile(str(tiny_profile(tmp_path)), str(tmp_path / "out")).points[0]
+    cfg = RunConfig.from_dict(point)
+    runs.metrics_path(runs.make_run_dir(cfg)).write_text('{"status": "ok", ')    # cut short
+    assert runs.readable_metrics(run_dir_of(cfg)) is None and runs.finished_metrics(cfg) is None
+    assert grid.records([point]) == {} and grid.unfinished([point]) == 1
+    assert batch.resume_first([point]) == [point]
+    with pytest.raises(ValueError, match="metrics.json"):
+        runs.read_metrics(run_dir_of(cfg))

@@ -1,0 +1,102 @@
+"""A batch's grid as its run folders record it, and the lines a batch ends with: which points
+have a record (`records`), the order a requeued job takes them in (`resume_first`), how many the
+whole grid has left (`unfinished`: a shard builds the report only when none is), the summary
+lines and their exit status, and what a signal left undone (`stopped`)."""
+from __future__ import annotations
+
+import time
+
+from kit.cluster.point import NOTEBOOK_FAILED
+from kit.config import grids
+from kit.config.profiles import Profile
+from kit.config.run_config import RunConfig
+from kit.runs import finished_metrics, notebook_path, readable_metrics, run_dir_of
+from kit.train.preemption import PREEMPTED_EXIT
+
+STUCK_EXIT = 3          # stopped, and a rerun would get no further (kit.batch's docstring)
+OUTCOMES = ("ok", "skipped", "failed", "absent", "preempted", "stopped", NOTEBOOK_FAILED)
+TRAINED = ("ok", "failed", NOTEBOOK_FAILED)     # a point that ran to an end: progress
+
+
+def records(points: list[dict]) -> dict[str, dict]:
+    """{run id: metrics.json} of the points that have a readable one."""
+    found = {}
+    for cfg in map(RunConfig.from_dict, points):
+        if (record := readable_metrics(run_dir_of(cfg))) is not None:
+            found[cfg.run_id] = record
+    return found
+
+
+def resume_first(points: list[dict]) -> list[dict]:
+    """The grid with its preempted points first (the order otherwise kept): a requeued job
+    resumes the run it left before it starts anything else."""
+    status = {k: r.get("status") for k, r in records(points).items()}
+    return sorted(points, key=lambda p: status.get(RunConfig.from_dict(p).run_id) != "preempted")
+
+
+def unfinished(points: list[dict]) -> int:
+    """How many points have no final record (ok or failed) and their task's files (an absent
+    point gets none): of the whole grid, when a shard asks whether it is the last."""
+    from kit.train.preflight import missing_task_files     # data readers: loaded only here
+    left = 0
+    for cfg in map(RunConfig.from_dict, points):
+        final = (readable_metrics(run_dir_of(cfg)) or {}).get("status") in ("ok", "failed")
+        try:
+            left += not final and missing_task_files(cfg) is None
+        except (OSError, ValueError):        # a glue_dir gone
+            left += 1
+    return left
+
+
+def eta(started: float, ran: int, left: int) -> str:
+    if not ran or not left:
+        return ""
+    s = (time.perf_counter() - started) / ran * left
+    return f", ETA {s // 60:.0f}m{s % 60:02.0f}s"
+
+
+def summary(profile: Profile, counts: dict[str, int], started: float) -> str:
+    """`profile p: 4 ok, 0 skipped, 1 failed, 0 absent (task files missing) in 30s`, and the
+    points whose notebook failed after their run finished when there are any."""
+    failed_notebooks = (f", {counts[NOTEBOOK_FAILED]} notebook failed after its run finished"
+                        if counts[NOTEBOOK_FAILED] else "")
+    return (f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
+            f"{counts['failed']} failed, {counts['absent']} absent (task files missing)"
+            f"{failed_notebooks} in {time.perf_counter() - started:.0f}s")
+
+
+def notebooks_line(profile: Profile, failed: list[RunConfig]) -> str:
+    """Where to read the errors of the notebooks that failed after their run finished."""
+    paths = ", ".join(str(notebook_path(run_dir_of(cfg))) for cfg in failed)
+    return (f"profile {profile.name}: {len(failed)} finished run(s) whose notebook failed after "
+            f"training (the runs are kept; the error is in the notebook): {paths}")
+
+
+def held_line(profile: Profile, held: list[dict], lock_wait_s: float) -> str:
+    locks = ", ".join(str(run_dir_of(RunConfig.from_dict(p)) / ".batch.lock") for p in held)
+    return (f"profile {profile.name}: {len(held)} point(s) held by another batch for "
+            f"{lock_wait_s:.0f}s (--lock-wait), not run here; rerun once it has ended "
+            f"(docs/cluster.md): {locks}")
+
+
+def exit_status(counts: dict[str, int], held: list) -> int:
+    """1 when a point failed, a finished run's notebook failed or another batch holds a point."""
+    return 1 if counts["failed"] or counts[NOTEBOOK_FAILED] or held else 0
+
+
+def stopped(profile: Profile, received: str | None, points: list[dict], counts: dict,
+            steps: dict, stopped_cfg: RunConfig | None = None) -> int:
+    """One line on what a signal left undone, and the exit status: PREEMPTED_EXIT, on which a
+    job script requeues, or STUCK_EXIT where a rerun would get no further (grids.stuck)."""
+    run_id = stopped_cfg and stopped_cfg.run_id
+    record = records([stopped_cfg.to_dict()]).get(run_id, {}) if counts["preempted"] else {}
+    why = grids.stuck(run_id, record.get("preempted") or {}, steps.get(run_id),
+                      sum(counts[s] for s in TRAINED))
+    head, done = (f"profile {profile.name}: stopped by {received or 'a signal'}: ",
+                  f"{counts['ok']} ok, {counts['failed']} failed")
+    unfinished_now = sum(finished_metrics(RunConfig.from_dict(p)) is None for p in points)
+    print(f"{head}{why}; {done} (exit {STUCK_EXIT})" if why else
+          f"{head}{counts['preempted']} run(s) preempted with a checkpoint, "
+          f"{unfinished_now - counts['preempted']} not started; {done}. Rerun the same command "
+          f"to resume (exit {PREEMPTED_EXIT})", flush=True)
+    return STUCK_EXIT if why else PREEMPTED_EXIT
