@@ -167,7 +167,7 @@ def test_the_batch_ends_with_the_report_line_unless_told_not_to(tmp_path, capsys
     assert batch.main([str(path), "--outputs", out]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"report: {out}/reports/r/index.html"
     assert built == [{"ok": 0, "skipped": 0, "failed": 0, "absent": 1, "preempted": 0,
-                      "stopped": 0}]
+                      "stopped": 0, "notebook failed": 0}]
     assert batch.main([str(path), "--outputs", out, "--no-report"]) == 0
     path.write_text("report: false\n" + path.read_text())
     assert batch.main([str(path), "--outputs", out]) == 0
@@ -289,3 +289,24 @@ def _screenshot_for_the_docs(sync_playwright, smoke: Path) -> None:
             browser.close()
     assert seen["errors"] == [] and seen["left"] == [] and seen["table"]
     assert all(ok and width > 0 for ok, width in seen["images"])
+
+
+def test_a_finished_runs_failed_notebook_is_on_the_page(hand_made):
+    """A run that finished ok but whose notebook failed after fit() (kit.batch: `notebook
+    failed`): its row keeps status ok and says so in its error column, and a warning names it."""
+    from kit.results import page_header
+    profile, out, cfgs = hand_made
+    run_dir = runs.run_dir_of(cfgs["bert", 1])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fit(config)"),
+                                         nbformat.v4.new_code_cell("plot()", outputs=[
+                                             nbformat.v4.new_output(
+                                                 "error", ename="ValueError",
+                                                 evalue="the plot failed", traceback=[])])])
+    nbformat.write(nb, runs.notebook_path(run_dir))
+    grid = {r.run_id: r for r in page_header.grid_runs(profile)}
+    row = grid[cfgs["bert", 1].run_id]
+    assert (row.status, row.error) == ("ok", "notebook failed: ValueError: the plot failed")
+    assert grid[cfgs["bert", 0].run_id].error == ""          # its notebook shows no error
+    assert (f"1 finished run with a notebook that failed after training (the run counts; its "
+            f"notebook shows the error): {row.run_id}: ValueError: the plot failed"
+            in page_header.warnings(list(grid.values()), None, []))

@@ -24,6 +24,7 @@ from kit.results.paper_table import DEGENERATE
 
 PRECISION = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}   # metrics.json mixed_precision
 SHOWN_FAILURES = 3
+NOTEBOOK_FAILED = "notebook failed: "      # an ok run's error: its notebook's, after fit()
 
 
 @dataclass
@@ -52,6 +53,8 @@ def grid_runs(profile: Profile) -> list[GridRun]:
             else:
                 status = str(metrics.get("status")) if metrics else "incomplete"
                 error = str((metrics or {}).get("error") or "")
+        if status == "ok" and (failed := runs.notebook_error(run_dir)):
+            error = f"{NOTEBOOK_FAILED}{failed}"      # a cell after fit() (kit.batch says so)
         out.append(GridRun(cfg.run_id, run_dir, cfg.to_dict(), status, metrics, error))
     return out
 
@@ -177,6 +180,14 @@ def warnings(grid: list[GridRun], table: pd.DataFrame | None, failures: list[str
         more = len(failed) - SHOWN_FAILURES
         lines.append(f"{len(failed)} run{'s' if len(failed) > 1 else ''} failed: {shown}"
                      + (f" and {more} more" if more > 0 else ""))
+    notebooks = [r for r in ok if r.error.startswith(NOTEBOOK_FAILED)]
+    if notebooks:
+        shown = "; ".join(f"{r.run_id}: {r.error.removeprefix(NOTEBOOK_FAILED)}"
+                          for r in notebooks[:SHOWN_FAILURES])
+        more = len(notebooks) - SHOWN_FAILURES
+        lines.append(f"{len(notebooks)} finished run{'s' if len(notebooks) > 1 else ''} with a "
+                     f"notebook that failed after training (the run counts; its notebook shows "
+                     f"the error): {shown}" + (f" and {more} more" if more > 0 else ""))
     other = Counter(r.status for r in grid if r.status not in ("ok", "failed", "absent"))
     if other:
         stopped = ", ".join(f"{n} {s}" for s, n in sorted(other.items()))
