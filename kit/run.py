@@ -10,8 +10,9 @@ fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (
 `tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
 line on error, exit 2), then run by kit.batch.execute: a finished run is reused (one line says
 when and at which commit it was trained) unless `rerun=true` (`--rerun`) trains it again, its
-old results kept until the new run ends ok; a failed run is recorded in its metrics.json (exit
-1). `--notebook NAME` picks another notebook in notebooks/ (default: finetune; multitask for
+old results kept until the new run ends ok (kit.runs.frame's rerun protocol: they come back if
+it fails; a stopped rerun says where they wait); a failed run is recorded in its metrics.json
+(exit 1), and so is a notebook that failed after its run finished (exit 1). `--notebook NAME` picks another notebook in notebooks/ (default: finetune; multitask for
 embert/gated; kaggle_csv for a k-fold CSV run; pretrain for method mlm).
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.data.readers import DataError
 from kit.runs import finished_metrics, run_dir_of
+from kit.train.preemption import PREEMPTED_EXIT
 from kit.train.progress import epoch_number, reuse_line
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
@@ -117,35 +119,17 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
     batch.preflight(profile, [params])
     batch.prepare_kernels()
     with batch.forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
-        status, detail = (rerun(profile, params, cfg) if cfg.rerun
-                          else batch.execute(profile, params))
+        status, detail = batch.execute(profile, params)
     return status, detail, cfg
-
-
-def rerun(profile: Profile, params: dict, cfg: RunConfig) -> tuple[str, str]:
-    """Train a finished point again through its notebook, replacing it only if it ends ok. Its
-    files are set aside here (kit.runs.begin) and the notebook trains an unfinished point
-    (rerun=False), so the batch records a failure as usual; then they are dropped (ok) or put
-    back (failed). A stopped rerun keeps them aside: run again, it resumes as a rerun."""
-    with runs.lock(cfg) as got:
-        if not got:
-            return "skipped", "running in another process"
-        runs.begin(cfg)
-    status, detail = batch.execute(profile, {**params, "rerun": False})
-    got = False
-    if status in ("ok", "failed"):
-        with runs.lock(cfg) as got:
-            if got:              # (else another process trains it now: its frame settles it)
-                runs.end_rerun(cfg, ok=status == "ok")
-    return status, detail + ("; the finished run is kept" if status == "failed" and got else "")
 
 
 def summary(status: str, detail: str, cfg: RunConfig) -> str:
     """What the terminal shows at the end: status, run folder and best dev metrics."""
     run_dir = run_dir_of(cfg)
     lines = [f"{cfg.run_id}: {status}" + (f" ({detail})" if detail else ""), f"  {run_dir}"]
-    metrics = runs.read_metrics(run_dir)
-    if status in ("ok", "skipped") and metrics is not None and metrics.get("status") == "ok":
+    metrics = runs.readable_metrics(run_dir)
+    if (status in ("ok", "skipped", batch.NOTEBOOK_FAILED) and metrics is not None
+            and metrics.get("status") == "ok"):
         best = {k: round(v, 4) for k, v in (metrics.get("best_dev") or {}).items()
                 if isinstance(v, (int, float))}
         lines.append(f"  best epoch {epoch_number(metrics['best_epoch'])}/"
@@ -198,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(status, detail, cfg), flush=True)
     # stopped: a signal before training began (resume by running again); held: another
     # process trains this config
-    return {"failed": 1, "held": 1, "preempted": batch.PREEMPTED_EXIT,
-            "stopped": batch.PREEMPTED_EXIT}.get(status, 0)
+    return {"failed": 1, "held": 1, batch.NOTEBOOK_FAILED: 1, "preempted": PREEMPTED_EXIT,
+            "stopped": PREEMPTED_EXIT}.get(status, 0)
 
 
 if __name__ == "__main__":

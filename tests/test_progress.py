@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from kit import io as kio
-from kit import run as krun
 from kit import runs
 from kit.config.profiles import load_profile
 from kit.config.run_config import ConfigError, RunConfig
@@ -20,6 +19,7 @@ from kit.train import loop, progress
 from kit.train.loop import NonFiniteLoss
 from kit.train.finetune import fit
 from kit.train.multitask import epoch_table as multitask_epoch_table
+from run_folders import files, hidden
 
 TINY = dict(task="synthetic", model="tiny", synthetic_size=16, epochs=1, lr=5e-3, batch_size=16,
             save_checkpoints=False, report_to=("none",))
@@ -37,17 +37,6 @@ def finished(tmp_path_factory):
 def copy_of(finished, tmp_path) -> RunConfig:
     shutil.copytree(finished, tmp_path, dirs_exist_ok=True)
     return RunConfig(**TINY, outputs_dir=str(tmp_path))
-
-
-def files(run_dir) -> dict:
-    """A run folder's files (not its dot-files) and their bytes."""
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
-
-
-def hidden(cfg) -> list[str]:
-    return sorted(p.name for p in runs.runs_root(cfg.outputs_dir).iterdir()
-                  if p.name.startswith(".") and cfg.run_id in p.name)
 
 
 # ---------------------------------------------------------------- reuse and rerun
@@ -142,44 +131,6 @@ def test_a_profile_that_sets_rerun_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"again\.yaml: `rerun` is not a profile parameter "
                                           r"\(a batch skips finished points\)"):
         load_profile(str(path))
-
-
-def test_kit_run_reruns_through_the_notebook_keeping_the_old_run_until_ok(finished, tmp_path,
-                                                                         monkeypatch, capsys):
-    """kit.run sets the finished run aside, the notebook (here a stand-in for kit.batch.execute)
-    trains an unfinished point, and the old run goes (ok) or comes back (failed)."""
-    cfg = copy_of(finished, tmp_path)
-    before, seen = files(run_dir_of(cfg)), []
-    old = runs.read_metrics(run_dir_of(cfg))
-    monkeypatch.setattr(krun.batch, "prepare_kernels", lambda: None)
-    argv = [f"{k}={v}" for k, v in TINY.items() if k != "report_to"] + [
-        "report_to=none", f"outputs_dir={tmp_path}"]
-
-    def execute(status):
-        def run_notebook(profile, params):
-            seen.append((params["rerun"], runs.finished_metrics(cfg), hidden(cfg)))
-            if status == "failed":                  # what kit.batch records of a failed notebook
-                runs.record_failed(cfg, "NonFiniteLoss: in the notebook")
-                return status, "NonFiniteLoss: in the notebook"
-            kio.write_json(runs.metrics_path(run_dir_of(cfg)), {**old, "wall_s": {"total": 1}})
-            return status, ""
-        return run_notebook
-
-    assert krun.main(argv) == 0                        # finished: reused, one line says so
-    out = capsys.readouterr().out
-    assert f"{cfg.run_id}: skipped (finished earlier)" in out and "best epoch 1/1: {" in out
-    assert f"reused finished run {cfg.run_id} (trained " in out and "rerun=true trains" in out
-    monkeypatch.setattr(krun.batch, "execute", execute("failed"))
-    assert krun.main([*argv, "--rerun"]) == 1
-    assert seen == [(False, None, [f".{cfg.run_id}.previous"])]
-    assert "failed (NonFiniteLoss: in the notebook; the finished run is kept)" in \
-        capsys.readouterr().out
-    assert files(run_dir_of(cfg)) == before and hidden(cfg) == []
-    monkeypatch.setattr(krun.batch, "execute", execute("ok"))
-    assert krun.main([*argv, "rerun=true"]) == 0
-    assert seen[1] == (False, None, [f".{cfg.run_id}.previous"]) and hidden(cfg) == []
-    assert runs.read_metrics(run_dir_of(cfg))["wall_s"] == {"total": 1}     # the new run
-    assert list(files(run_dir_of(cfg))) == ["metrics.json"]
 
 
 # ---------------------------------------------------------------- the notebook's display

@@ -1,13 +1,16 @@
 """kit.run: one point from the command line, through the batch's notebook and outputs contract."""
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
 from kit import run as krun
+from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.config.rules import CHOICES
 from kit.train.finetune import run_dir_of
+from run_folders import files, hidden
 
 
 def test_values_take_the_type_of_their_field():
@@ -244,3 +247,130 @@ def test_a_cached_hub_model_passes_the_offline_check(tmp_path, monkeypatch):
     (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
     check_hub_model("org/encoder")                      # cached: no error
     check_hub_model("minilm")                           # not a hub id: never checked
+
+
+# ---------------------------------------------------------------- one rerun protocol (kit.runs)
+
+TINY = dict(task="synthetic", model="tiny", synthetic_size=16, epochs=1, lr=5e-3, batch_size=16,
+            save_checkpoints=False, report_to=["none"])
+
+
+class InProcessKernel:
+    """A notebook kernel stand-in: what the notebook's cells run, fit(its parameters), in this
+    process; its errors are the notebook's."""
+
+    def __init__(self, fresh: bool = True):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def start(self):
+        pass
+
+    def signal(self, name):
+        pass
+
+    def execute(self, notebook, output, parameters, stderr_file):
+        from kit.train.finetune import fit
+        fit(RunConfig.from_dict(parameters))
+
+
+class DyingKernel(InProcessKernel):
+    def execute(self, notebook, output, parameters, stderr_file):
+        raise RuntimeError("Kernel died")
+
+
+def preempted(*args):
+    from kit.runs import RunPreempted
+    raise RunPreempted({"signal": "SIGTERM", "epoch": 1, "step": 0})
+
+
+def nan_loss(*args):
+    import torch
+    return torch.tensor(float("nan"), requires_grad=True)
+
+
+@pytest.fixture
+def finished_run(tmp_path, monkeypatch, capsys):
+    """A finished tiny run made by kit.run: (argv of that point, its config, its files). The
+    notebook runs in this process (InProcessKernel) here and in the test that uses it."""
+    from kit.cluster import point
+    monkeypatch.setattr(krun.batch, "prepare_kernels", lambda: None)
+    monkeypatch.setattr(point, "Kernels", InProcessKernel)
+    argv = [f"{k}={v}" for k, v in TINY.items() if k != "report_to"] + [
+        "report_to=none", f"outputs_dir={tmp_path}"]
+    assert krun.main(argv) == 0
+    cfg = RunConfig.from_dict({**TINY, "outputs_dir": str(tmp_path)})
+    capsys.readouterr()
+    return argv, cfg, files(run_dir_of(cfg))
+
+
+@pytest.fixture
+def stopped_rerun(finished_run, monkeypatch, capsys):
+    """The finished run, set aside by `kit.run --rerun`, whose rerun a signal stopped: what
+    finished_run gives, and what the rerun printed."""
+    from kit.train import loop
+    argv, cfg, before = finished_run
+    with monkeypatch.context() as m:
+        m.setattr(loop, "run", preempted)
+        assert krun.main([*argv, "--rerun"]) == 75
+    assert hidden(cfg) == [f".{cfg.run_id}.previous"]
+    return argv, cfg, before, capsys.readouterr().out
+
+
+def test_kit_run_reruns_through_the_notebook_keeping_the_old_run_until_ok(
+        finished_run, monkeypatch, capsys):
+    """A finished point is reused in one line; `--rerun` hands it, rerun=true, to the notebook,
+    whose fit() sets the finished run aside and puts it back when the rerun fails (exit 1, the
+    line says so), drops it once a rerun ends ok."""
+    import kit.train.finetune as finetune
+    argv, cfg, before = finished_run
+    assert krun.main(argv) == 0                        # finished: reused, one line says so
+    out = capsys.readouterr().out
+    assert f"{cfg.run_id}: skipped (finished earlier)" in out and "best epoch 1/1: {" in out
+    assert f"reused finished run {cfg.run_id} (trained " in out and "rerun=true trains" in out
+    with monkeypatch.context() as m:
+        m.setattr(finetune, "target_loss", nan_loss)
+        assert krun.main([*argv, "--rerun"]) == 1
+    assert (f"{cfg.run_id}: failed (NonFiniteLoss: non-finite loss at epoch 0 step 0: loss=nan; "
+            "the finished run is kept (its rerun did not finish))") in capsys.readouterr().out
+    assert files(run_dir_of(cfg)) == before and hidden(cfg) == []
+    assert krun.main([*argv, "rerun=true"]) == 0
+    again = files(run_dir_of(cfg))
+    assert hidden(cfg) == [] and again["metrics.json"] != before["metrics.json"]
+    assert json.loads(again["metrics.json"])["status"] == "ok"
+
+
+def test_a_stopped_rerun_says_where_the_finished_run_waits(stopped_rerun):
+    argv, cfg, before, out = stopped_rerun
+    aside = run_dir_of(cfg).parent / f".{cfg.run_id}.previous"
+    assert (f"{cfg.run_id}: preempted (stopped by SIGTERM at epoch 1, step 0; rerun to resume; "
+            f"the finished run waits in {aside} until this rerun finishes (it comes back if the "
+            "rerun fails))") in out
+
+
+@pytest.mark.parametrize("path", ["fit", "batch", "kit.run"])
+def test_a_set_aside_run_comes_back_when_its_replacement_fails_on_every_path(
+        stopped_rerun, monkeypatch, capsys, path):
+    """The stopped rerun resumed without rerun=true (a batch, a plain run, fit() itself) fails:
+    the finished run comes back, byte for byte, and the failure's line says so."""
+    import kit.train.finetune as finetune
+    from kit.train.loop import NonFiniteLoss
+    argv, cfg, before, _ = stopped_rerun
+    monkeypatch.setattr(finetune, "target_loss", nan_loss)
+    if path == "fit":
+        with pytest.raises(NonFiniteLoss):
+            finetune.fit(cfg)
+    elif path == "batch":
+        profile = Profile("p", Path("p.yaml"), None, [cfg.to_dict()], False)
+        status, detail = krun.batch.execute(profile, cfg.to_dict(), kernels=DyingKernel())
+        assert (status, detail) == ("failed", "RuntimeError: Kernel died; the finished run is "
+                                              "kept (its rerun did not finish)")
+    else:
+        assert krun.main(argv) == 1
+        assert "; the finished run is kept (its rerun did not finish))" in capsys.readouterr().out
+    assert files(run_dir_of(cfg)) == before and hidden(cfg) == []
