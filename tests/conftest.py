@@ -139,6 +139,7 @@ LONGEST = ("test_jupyterlab.py::test_every_notebook_runs_in_jupyterlab",        
            "test_batch.py::test_a_warm_kernel_gives_a_fresh_kernels_results",   # ~40 s
            "test_reliability.py::test_two_batches_on_one_profile_at_once",      # ~40 s
            "test_report_page.py::test_the_smoke_report_end_to_end",             # ~35 s
+           "test_notebook_matrix.py::test_each_notebook_shows_the_runs_or_says_there_are_none[demo]",
            "test_reliability.py::test_sigkill_mid_epoch_then_resume",           # ~30 s
            "test_batch.py::test_smoke_profile_end_to_end_then_skip_and_retry",  # ~30 s
            "test_train.py::test_ssa_labels_find_the_cue_tokens")                # ~25 s

@@ -13,6 +13,7 @@ import pandas as pd
 
 from kit import runs
 from kit.results.collect import finished
+from kit.results.notebook_defaults import NoRuns
 from kit.results.tables import METHOD_LABELS, score_scale
 
 GAMMA_METHODS = ("bert-mask", "ssa-co", "ssa-h")
@@ -224,9 +225,9 @@ def label_quality(runs: pd.DataFrame, methods: Sequence[str] = LABEL_METHODS) ->
              else pd.DataFrame()).reindex(columns=[*_RUN_COLUMNS, "epoch", *_LABEL_STATS])
     frame = frame[frame["cue_share_label1"].notna() | frame["distractor_share_label1"].notna()]
     if frame.empty:
-        raise ValueError("label quality: no SSA label statistics with cue/distractor shares; "
-                         "they exist for ssa-co / ssa-h runs on the synthetic tasks, from "
-                         "epoch ssa_start_epoch on (so epochs >= 2)")
+        raise NoRuns("label quality: no SSA label statistics with cue/distractor shares here; "
+                     "they exist for ssa-co / ssa-h runs on the synthetic tasks, from epoch "
+                     "ssa_start_epoch on (so epochs >= 2): `./run_all.sh` makes them")
     frame = frame.infer_objects().reset_index(drop=True)
     frame[_LABEL_STATS[:4]] = frame[_LABEL_STATS[:4]].astype(float)
     return frame

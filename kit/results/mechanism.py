@@ -14,6 +14,7 @@ from kit.results import tables
 from kit.models.backbones import load_tokenizer
 from kit.results.figure_data import method_dtype
 from kit.results.collect import finished
+from kit.results.notebook_defaults import NoRuns, run_command
 from kit.data.synthetic import SPURIOUS
 from kit.train.progress import epoch_number
 
@@ -33,7 +34,10 @@ def benchmark_runs(df: pd.DataFrame) -> pd.DataFrame:
     """The OK runs, a guided run (guide_loss other than task) relabelled "<label> + guiding" and
     an equal-steps run (budget equal_steps) "<label> eq. steps": rows of their own against
     BERT-r. `row_rank`: registry order, an eq. steps row after its method, guided rows last."""
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"] == "ok"] if len(df) else df
+    if ok.empty:            # (an empty frame's columns have no dtype to do arithmetic in)
+        raise NoRuns("mechanism benchmark: no finished runs of this task here; "
+                     f"`{run_command('mechanism')}` makes them (or set profile and task)")
     guided = _setting(ok, "guide_loss", "task") != "task"
     equal = _setting(ok, "budget", "epochs") == "equal_steps"
     label = ok["method"].map(tables.METHOD_LABELS).fillna(ok["method"])
