@@ -6,8 +6,10 @@ accelerate failed to restore is an error; the epoch's last short gradient accumu
 before every rename; stale temporary folders; threads from the job's CPUs."""
 import json
 import os
+import re
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import pandas as pd
@@ -18,6 +20,7 @@ from kit import io as kio
 from kit.config.run_config import RunConfig
 from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
 from kit.train import accel, loop, run_state
+from kit.train import checkpoint_hardware as khw
 from kit.train import step as kstep
 from kit.train.finetune import CheckpointError, fit
 
@@ -260,6 +263,96 @@ def test_resume_on_other_hardware_goes_on_and_notes_it(tmp_path, monkeypatch, co
         resumed["resumed_on_other_hardware"]
     assert comparable(resumed) == comparable(straight)
     assert straight["resumed_on_other_hardware"] == []
+
+
+A100 = "NVIDIA A100-SXM4-80GB"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def pretend_gpus(monkeypatch, name: str, count: int) -> None:
+    """`hardware()` as a CUDA machine with `count` GPUs of model `name` records it: the run
+    itself trains on this CPU, torch.cuda's answers are pretended only inside the record."""
+    real = khw.hardware
+
+    def on_gpus(accelerator) -> dict:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+            m.setattr(torch.cuda, "device_count", lambda: count)
+            return real(SimpleNamespace(mixed_precision=accelerator.mixed_precision,
+                                        device=torch.device("cuda", 0),
+                                        num_processes=accelerator.num_processes))
+    monkeypatch.setattr(khw, "hardware", on_gpus)
+
+
+def test_the_record_names_the_gpu_model_and_how_many_are_visible(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"{H100} #{device}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    gpu = SimpleNamespace(mixed_precision="bf16", device=torch.device("cuda", 1), num_processes=2)
+    assert khw.hardware(gpu) == {"precision": "bf16", "device": "cuda", "processes": 2,
+                                 "gpu": f"{H100} #cuda:1", "gpus": 4}
+    assert khw.describe(khw.hardware(gpu)) == f"bf16 on cuda x2 ({H100} #cuda:1, 4 visible)"
+    cpu = SimpleNamespace(mixed_precision="no", device=torch.device("cpu"), num_processes=1)
+    assert khw.hardware(cpu) == {"precision": "no", "device": "cpu", "processes": 1}
+
+
+def test_a_checkpoint_of_another_gpu_model_is_refused_or_resumed_with_a_note(tmp_path,
+                                                                             monkeypatch):
+    """A100 -> H100: the same precision, device type and processes, so before the record named
+    the model this resumed as bit-exact; now it is refused in one line naming both, or with
+    resume_on_other_hardware resumed and noted."""
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+    last = rewrite_progress(cfg, device="cuda", gpu=A100, gpus=1)
+    pretend_gpus(monkeypatch, H100, 1)
+    here = OTHER_PRECISION[accel.machine_precision("auto")][0]
+    line = (f"{last} was written with {here} on cuda x1 ({A100}, 1 visible); this run has {here} "
+            f"on cuda x1 ({H100}, 1 visible)")
+    with pytest.raises(CheckpointError) as err:
+        fit(cfg)
+    assert str(err.value) == (
+        f"{line}: resume it on hardware like that, set resume_on_other_hardware: true to resume "
+        "anyway (not bit-exact), or delete that folder to restart the run from scratch")
+    resumed = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "killed"),
+                            resume_on_other_hardware=True))
+    assert resumed["resumed_on_other_hardware"] == [
+        f"{line}: resumed there (resume_on_other_hardware), not bit for bit"]
+
+
+def test_another_gpu_count_allowed_is_resumed_and_noted_not_an_rng_failure(tmp_path,
+                                                                           monkeypatch):
+    """accelerate saves one CUDA RNG state per visible GPU and restores them by index: 8 states
+    on a node of 4 cannot all come back. Allowed, that is a note on other hardware, not the
+    refusal of an RNG that was not restored."""
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+    last = rewrite_progress(cfg, device="cuda", gpu=H100, gpus=8)
+    pretend_gpus(monkeypatch, H100, 4)
+    resumed = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "killed"),
+                            resume_on_other_hardware=True))
+    here = OTHER_PRECISION[accel.machine_precision("auto")][0]
+    assert resumed["resumed_on_other_hardware"] == [
+        f"{last} was written with {here} on cuda x1 ({H100}, 8 visible); this run has {here} on "
+        f"cuda x1 ({H100}, 4 visible): resumed there (resume_on_other_hardware), not bit for bit"]
+
+
+def test_a_record_without_the_gpu_is_unknown_there_not_different(tmp_path, monkeypatch):
+    """A checkpoint written on a GPU before the record named it: its model is unknown, so it
+    resumes on any; its count is what its RNG file holds (one CUDA state per visible GPU)."""
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+    last = rewrite_progress(cfg, device="cuda")
+    pretend_gpus(monkeypatch, H100, 2)
+    assert fit(cfg)["resumed_on_other_hardware"] == []
+    monkeypatch.undo()                    # the next checkpoint is written on this CPU again
+    cfg = killed_after_epoch_0(tmp_path / "again", monkeypatch)
+    last = rewrite_progress(cfg, device="cuda")
+    rng = last / "random_states_0.pkl"
+    from accelerate.utils import load
+    states = load(rng)                     # what accelerate reads back (numpy's state allowed)
+    torch.save({**states, "torch_cuda_manual_seed": [torch.get_rng_state()] * 4}, rng)
+    pretend_gpus(monkeypatch, H100, 2)
+    here = OTHER_PRECISION[accel.machine_precision("auto")][0]
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"was written with {here} on cuda x1 (4 visible); this run has {here} on cuda x1 "
+            f"({H100}, 2 visible): resume it on hardware like that, set resume_on_other_")):
+        fit(cfg)
 
 
 def test_an_rng_state_accelerate_failed_to_restore_is_an_error(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from kit import io as kio
 from kit.config.run_config import RunConfig
 from kit.train.finetune import CheckpointError, RunLocked, fit, run_dir_of
 from kit.train.accel import machine_precision
-from kit.train.run_state import describe
+from kit.train.checkpoint_hardware import describe
 
 REPO = Path(__file__).resolve().parents[1]
 KILLABLE = dict(task="synthetic", model="tiny", method="ssa-h", synthetic_size=2000, epochs=3,

@@ -15,15 +15,14 @@ kill nor a node's crash leaves a half checkpoint, and nothing read back can exec
 run keeps `last` while it trains (a preempted run resumes); `save_checkpoints: false` only
 removes the folder once the run is recorded ok (`discard`).
 
-`last` also records the hardware that wrote it (precision, device, processes): resuming on
-other hardware is refused in one line unless the run allows it (`resume_on_other_hardware`),
-and then noted in metrics.json, since the resumed run is no longer bit for bit the
-uninterrupted one.
+`last` also records the hardware that wrote it (kit.train.checkpoint_hardware: precision,
+device, processes; a GPU's model and how many the process saw): resuming on other hardware is
+refused in one line unless the run allows it (`resume_on_other_hardware`), and then noted in
+metrics.json, since the resumed run is no longer bit for bit the uninterrupted one.
 """
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,10 +34,8 @@ import torch
 from kit import io as kio
 from kit.data.pipeline import Examples
 from kit.runs import checkpoint_dir, read_json, write_history
-
-
-class CheckpointError(RuntimeError):
-    pass
+from kit.train import checkpoint_hardware as khw
+from kit.train.checkpoint_hardware import CheckpointError
 
 
 @dataclass
@@ -137,23 +134,10 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()        # every rank's RNG file is in
     if main:
-        progress.written_on = hardware(accelerator)
+        progress.written_on = khw.hardware(accelerator)
         kio.write_json(tmp / PROGRESS, asdict(progress))
         _swap_in(None, checkpoint_dir(run_dir) / "last")
     accelerator.wait_for_everyone()        # the other ranks may read the checkpoint next
-
-
-def hardware(accelerator) -> dict:
-    """What a bit-exact resume needs to be the same: the precision autocast runs in, the device
-    type and the number of processes (each has its own RNG file and slice of every batch)."""
-    return {"precision": accelerator.mixed_precision, "device": accelerator.device.type,
-            "processes": accelerator.num_processes}
-
-
-def describe(hw: dict) -> str:
-    """`bf16 on cuda x4`: `hardware` in a line."""
-    precision = {"no": "fp32"}.get(hw["precision"], hw["precision"])
-    return f"{precision} on {hw['device']} x{hw['processes']}"
 
 
 def epoch_dir(run_dir: Path, epoch: int) -> Path:
@@ -169,9 +153,9 @@ def resume(accelerator, run_dir: Path, progress: Progress,
     RNGs and `progress`; returns the interrupted epoch's work when it was written inside an
     epoch (else None: the next epoch is drawn as the uninterrupted run drew it - SSA labels from
     the restored model and the (seed, epoch)-seeded generator). A checkpoint written on other
-    hardware (`hardware`: precision, device, processes) is refused in one line naming both, or
-    with `other_hardware` resumed and noted in progress.other_hardware. On the same hardware the
-    RNGs must come back exactly (`_check_rngs`). Temporary files a killed run left go first."""
+    hardware (`khw.hardware`: precision, device, processes, GPU model and count) is refused in
+    one line naming both, or with `other_hardware` resumed and noted in progress.other_hardware.
+    On the same hardware the RNGs must come back exactly (`khw.check_rngs`). Temporary files a killed run left go first."""
     if accelerator.is_main_process:
         clean_stale(run_dir)
     last = checkpoint_dir(run_dir) / "last"
@@ -183,11 +167,13 @@ def resume(accelerator, run_dir: Path, progress: Progress,
         raise CheckpointError(f"{folder} has no {PROGRESS} (an older kit's checkpoint, whose loop "
                               "state was a pickle, which the kit no longer reads); delete that "
                               "folder to restart the run from scratch")
-    here = hardware(accelerator)
+    here = khw.hardware(accelerator)
     try:
         state = read_json(folder / PROGRESS)
-        written = state.get("written_on") or _older_checkpoint(folder, here)
-        note = _compare(folder, written, here, other_hardware)
+        written = state.get("written_on") or khw.older_checkpoint(folder, here)
+        if "gpus" in here and "gpus" not in written:
+            written = {**written, **khw.gpus_of_rng_file(folder, accelerator)}
+        note = khw.compare(folder, written, here, other_hardware)
         scaler = accelerator.scaler
         if not (folder / "scaler.pt").exists():   # fp16 here, not there: a fresh loss scale
             accelerator.scaler = None
@@ -208,37 +194,11 @@ def resume(accelerator, run_dir: Path, progress: Progress,
                               f"{str(err).splitlines()[0] if str(err) else ''}); delete "
                               "that folder to restart the run from scratch") from None
     if note is None:
-        _check_rngs(folder, accelerator)
+        khw.check_rngs(folder, accelerator)
     else:
         progress.other_hardware.append(note)
     progress.resumed_after_epoch = progress.epoch
     return work
-
-
-def _older_checkpoint(folder: Path, here: dict) -> dict:
-    """`hardware` of a checkpoint from before the record, as far as its files tell: one RNG file
-    per process, scaler.pt under fp16."""
-    scaled = (folder / "scaler.pt").exists()
-    return {**here, "processes": len(list(folder.glob("random_states_*.pkl"))),
-            "precision": "fp16" if scaled else here["precision"] if here["precision"] != "fp16"
-            else "bf16 or fp32"}
-
-
-def _compare(folder: Path, written: dict, here: dict, allowed: bool) -> str | None:
-    """None on the same hardware; else the line saying what differs, raised as CheckpointError
-    unless the run allows another hardware (then returned, the run's note)."""
-    if written == here:
-        return None
-    line = f"{folder} was written with {describe(written)}; this run has {describe(here)}"
-    if allowed:
-        return f"{line}: resumed there (resume_on_other_hardware), not bit for bit"
-    auto = (" (mixed_precision auto resolves per machine)"
-            if written["precision"] != here["precision"] else "")
-    processes = (f" (--processes {written['processes']})"
-                 if written["processes"] != here["processes"] else "")
-    raise CheckpointError(f"{line}{auto}: resume it on hardware like that{processes}, set "
-                          "resume_on_other_hardware: true to resume anyway (not bit-exact), or "
-                          "delete that folder to restart the run from scratch")
 
 
 def _weights_of_any_wrapper(accelerator):
@@ -260,36 +220,6 @@ def _weights_of_any_wrapper(accelerator):
             load_model(target, file, device="cpu")
         models.clear()
     return hook
-
-
-def _check_rngs(folder: Path, accelerator) -> None:
-    """Every RNG as the checkpoint has it: accelerate's load_state restores them inside a
-    try that swallows any failure (a missing CUDA state, an unreadable file) with a log line at
-    INFO, on the main process only, which nobody sees by default; the run would go on with
-    other dropout masks and lose its exact resume without a word. All ranks agree."""
-    from accelerate.utils import load
-    try:
-        states = load(folder / f"random_states_{accelerator.process_index}.pkl")
-        numpy_now, numpy_then = np.random.get_state(), states["numpy_random_seed"]
-        same = (random.getstate() == states["random_state"]
-                and numpy_now[0] == numpy_then[0] and np.array_equal(numpy_now[1], numpy_then[1])
-                and tuple(numpy_now[2:]) == tuple(numpy_then[2:])
-                and torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
-                and accelerator.step == states.get("step", accelerator.step))
-        if same and accelerator.device.type == "cuda":
-            same = all(torch.equal(a, b) for a, b in zip(
-                torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True))
-    except Exception:       # noqa: BLE001 - unreadable or incomplete: not restored either
-        same = False
-    if accelerator.num_processes > 1:
-        same = not accelerator.reduce(torch.tensor([float(not same)],
-                                                   device=accelerator.device), "sum").item()
-    if not same:
-        raise CheckpointError(f"{folder}: its random number generator states were not restored "
-                              "(accelerate's load_state only logs that), so the run would not "
-                              "repeat the uninterrupted one: set resume_on_other_hardware: true "
-                              "to resume anyway (not bit-exact), or delete that folder to "
-                              "restart the run from scratch")
 
 
 def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
