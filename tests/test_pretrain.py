@@ -5,6 +5,7 @@ folder its pretraining point wrote. Resume after a signal: tests/test_preemption
 (gloo) through the batch runner: tests/test_distributed.py."""
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import numpy as np
@@ -259,3 +260,36 @@ def test_a_profile_pretrains_then_fine_tunes_in_one_warm_kernel(tmp_path, capsys
     assert json.loads((run_dir_of(tune) / "metrics.json").read_text())["model"] == pre.adapted_dir
     executed = json.loads((run_dir_of(pre) / "notebook.ipynb").read_text())
     assert executed["cells"][0]["source"][0].startswith("# Task-adaptive pretraining")
+
+
+class _FailsOnTheSecondForward(torch.nn.Module):
+    """A masked-LM stand-in whose second forward raises, as an out-of-memory error would; it
+    records the mode each forward ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+        self.lm = SimpleNamespace(config=SimpleNamespace(vocab_size=8))
+        self.modes = []
+
+    def forward(self, input_ids, attention_mask, labels, **_):
+        self.modes.append(self.training)
+        if len(self.modes) == 2:
+            raise RuntimeError("out of memory")
+        return torch.zeros(int((labels != -100).sum()), 8)      # the masked positions' logits
+
+
+def test_an_error_inside_the_heldout_pass_leaves_the_model_training():
+    """heldout_loss runs in eval mode and puts the model back in the mode it came in whatever
+    ends the pass (as step.predict_logits does): a run that catches the error, or resumes after
+    a stop inside the pass, trains with dropout again."""
+    from kit.data.pipeline import Examples
+    from kit.train.pretrain import heldout_loss
+    rows = [np.array([1, 5, 6, 2]), np.array([1, 7, 2])]
+    examples = Examples(rows, None, [np.zeros(len(r), bool) for r in rows], np.zeros(2))
+    labels = [np.array([-100, 5, -100, -100]), np.array([-100, 7, -100])]
+    model = _FailsOnTheSecondForward().train()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        heldout_loss(model, examples, rows, labels, pad_id=0, batch_size=1)
+    assert model.modes == [False, False]          # both forwards in eval mode
+    assert model.training

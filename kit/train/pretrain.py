@@ -258,24 +258,36 @@ def heldout_loss(model, examples: Examples, masked: list[np.ndarray], labels: li
     device = next(model.parameters()).device
     sums = torch.zeros(2, dtype=torch.float64)
     vocab = model.lm.config.vocab_size
-    for idx in kprogress.bar(sorted_batches(examples.lengths, batch_size), desc="eval",
-                             disable=not state.is_local_main_process):
-        if stop is not None:           # every rank has the same batches (not the same chunks)
-            stop.between_batches(state)
-        for rows in _chunks(idx[state.process_index::state.num_processes], labels, vocab):
-            ids = [masked[i] for i in rows]
-            inputs = {"input_ids": pad_rows(ids, pad_id, np.int64),
-                      "attention_mask": pad_rows([np.ones(len(x), np.int64) for x in ids], 0),
-                      "labels": pad_rows([labels[i] for i in rows], IGNORE, np.int64)}
-            if examples.token_type_ids is not None:
-                inputs["token_type_ids"] = pad_rows([examples.token_type_ids[i] for i in rows], 0)
-            inputs = {k: torch.from_numpy(v).to(device) for k, v in inputs.items()}
-            total, count = masked_loss(model(**inputs), inputs["labels"])
-            sums += torch.stack([total.double().cpu(), count.double().cpu()])
+    bar = kprogress.bar(sorted_batches(examples.lengths, batch_size), desc="eval",
+                        disable=not state.is_local_main_process)
+    # as step.predict_logits: a stop (preemption.Interrupted) or any error inside the pass leaves
+    # the model in the mode it came in (a run that goes on trains with dropout) and the bar closed
+    try:
+        for idx in bar:
+            if stop is not None:           # every rank has the same batches (not the same chunks)
+                stop.between_batches(state)
+            for rows in _chunks(idx[state.process_index::state.num_processes], labels, vocab):
+                sums += _masked_sums(model, examples, masked, labels, rows, pad_id, device)
+    finally:
+        bar.close()
+        model.train(was_training)
     if state.num_processes > 1:
         sums = reduce(sums.to(device), reduction="sum").cpu()
-    model.train(was_training)
     return float(sums[0] / sums[1].clamp(min=1))
+
+
+def _masked_sums(model, examples: Examples, masked: list[np.ndarray], labels: list[np.ndarray],
+                 rows: list[int], pad_id: int, device) -> torch.Tensor:
+    """[summed loss, masked tokens] of one forward over `rows`, on the host (float64)."""
+    ids = [masked[i] for i in rows]
+    inputs = {"input_ids": pad_rows(ids, pad_id, np.int64),
+              "attention_mask": pad_rows([np.ones(len(x), np.int64) for x in ids], 0),
+              "labels": pad_rows([labels[i] for i in rows], IGNORE, np.int64)}
+    if examples.token_type_ids is not None:
+        inputs["token_type_ids"] = pad_rows([examples.token_type_ids[i] for i in rows], 0)
+    inputs = {k: torch.from_numpy(v).to(device) for k, v in inputs.items()}
+    total, count = masked_loss(model(**inputs), inputs["labels"])
+    return torch.stack([total.double().cpu(), count.double().cpu()])
 
 
 def _chunks(rows: list[int], labels: list[np.ndarray], vocab: int) -> list[list[int]]:
