@@ -5,6 +5,7 @@ runs in a kernel started in notebooks/ writes where one started in the project f
 the results notebooks' defaults (kit.results.notebook_defaults) on hand-made run folders."""
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -178,8 +179,69 @@ def test_the_default_profile_is_the_demo_else_the_newest(tmp_path, capsys):
     assert notebook_defaults.pick_profile(str(out)) == "demo"                   # the main job
     assert capsys.readouterr().out.startswith('profile = "demo": the main job\'s runs (1 ')
     assert notebook_defaults.pick_profile(str(out), "smoke") == "smoke"         # as given
-    assert notebook_defaults.pick_profile(str(out), prefer="smoke") == "smoke"
-    assert capsys.readouterr().out.startswith('profile = "smoke": the smoke profile\'s runs')
+
+
+def test_each_figure_notebook_prefers_its_own_profile_then_the_demo_then_the_newest(
+        tmp_path, capsys):
+    """One rule: the notebook's own profile (gamma and cost: gamma; case_study: case-study;
+    mechanism: mechanism; results and label quality: the demo), then the demo, then the
+    newest; each notebook passes its name."""
+    out = tmp_path / "out"
+    _finished(out, "tapt-smoke", "bert", 3000)                          # the newest
+    _finished(out, "demo", "ssa-h", 2000)
+    _finished(out, "gamma", "bert", 1000)
+    pick = notebook_defaults.pick_profile
+    assert [pick(str(out), "", name) for name in ("gamma", "cost", "case_study", "mechanism",
+                                                  "results", "label_quality")] == \
+        ["gamma", "gamma", "demo", "demo", "demo", "demo"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith('profile = "gamma": the gamma profile\'s runs, this notebook\'s own')
+    assert lines[2].startswith('profile = "demo": the main job\'s runs; none of case-study yet')
+    with pytest.raises(notebook_defaults.NoRuns, match="`./run_all.sh case-study` makes them"):
+        pick(str(tmp_path / "empty"), "", "case_study")
+    for notebook in NOTEBOOKS.glob("*.ipynb"):
+        code = "".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"])
+        calls = re.findall(r"pick_profile\(([^)]*)\)", code)
+        assert all(call == f'outputs_dir, profile, "{notebook.stem}"' for call in calls), notebook
+
+
+def test_a_grid_finished_under_another_profiles_name_is_found(tmp_path, capsys):
+    """Runs are credited to a profile by run id, as the tables count them: gamma's grid points
+    that config.json credits to another profile (which ran them first) are gamma's."""
+    out = tmp_path / "out"
+    run_dir = _finished(out, "gamma", "bert", 1000)
+    config = json.loads(runs.config_path(run_dir).read_text())
+    runs.config_path(run_dir).write_text(json.dumps({**config, "profile": "smoke"}))
+    assert set(notebook_defaults.finished_profiles(str(out), ["gamma"])) == {"gamma"}
+    assert notebook_defaults.pick_profile(str(out), "", "gamma") == "gamma"
+    assert capsys.readouterr().out.startswith('profile = "gamma": the gamma profile\'s runs')
+
+
+def test_a_run_moved_away_while_profiles_are_scanned_is_skipped(tmp_path, monkeypatch):
+    """A rerun sets a finished run aside while a notebook scans: its metrics.json, read a moment
+    ago, is gone when its time is asked; the scan goes on without it."""
+    out = tmp_path / "out"
+    _finished(out, "demo", "ssa-h", 2000)
+    gone = _finished(out, "demo", "bert", 3000)
+    for reader in [r for r in ("readable_metrics", "read_metrics") if hasattr(runs, r)]:
+        def moved_after_reading(run_dir, read=getattr(runs, reader)):
+            record = read(run_dir)
+            if Path(run_dir) == gone:
+                runs.metrics_path(gone).unlink(missing_ok=True)
+            return record
+        monkeypatch.setattr(notebook_defaults.runs, reader, moved_after_reading)
+    assert notebook_defaults.finished_profiles(str(out)) == {"demo": 2000}
+
+
+def test_a_figure_task_is_the_runs_one_task_else_synthetic(tmp_path, capsys):
+    frame = pd.DataFrame({"task": ["SST-2", "SST-2"], "status": ["ok", "failed"]})
+    assert notebook_defaults.pick_figure_task(frame, "") == "SST-2"
+    assert notebook_defaults.pick_figure_task(frame, "CoLA") == "CoLA"
+    several = pd.DataFrame({"task": ["SST-2", "synthetic", "CoLA"], "status": ["ok"] * 3})
+    assert notebook_defaults.pick_figure_task(several, "") == "synthetic"
+    assert capsys.readouterr().out == 'task = "synthetic" (also: CoLA, SST-2)\n'
+    with pytest.raises(notebook_defaults.NoRuns):
+        notebook_defaults.pick_figure_task(frame.assign(status="failed"), "")
 
 
 def test_the_case_study_task_is_sst2_when_it_has_checkpoints(tmp_path, capsys):

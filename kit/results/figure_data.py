@@ -70,9 +70,9 @@ def _one_per_seed(runs: pd.DataFrame, keys: Sequence[str], what: str) -> None:
     dup = runs.duplicated([*keys, "seed"], keep=False)
     if dup.any():
         first = runs[dup].iloc[0]
-        raise ValueError(f"{what}: several finished runs for "
-                         + ", ".join(f"{k}={first[k]}" for k in [*keys, "seed"])
-                         + " (other hyper-parameters vary): filter the runs to one configuration")
+        raise NoRuns(f"{what}: several finished runs for "
+                     + ", ".join(f"{k}={first[k]}" for k in [*keys, "seed"])
+                     + " (other hyper-parameters vary): filter the runs to one configuration")
 
 
 # ---------------------------------------------------------------- Fig. 7: gamma sensitivity

@@ -1,11 +1,13 @@
 """What the results and figure notebooks show when a person opens them and runs them as they are.
 
-Their `profile = ""` means the runs that exist: the main job's (`./run_all.sh`, the demo
-profile) when it has finished runs, else the profile whose latest run finished last
-(`pick_profile`, one printed line saying which). The case study's `task = ""` is a task with
-checkpointed runs of both methods, SST-2 first (`pick_task`); a figure drawn without some of its
-methods says so in one line (`present_methods`). With nothing to show, `NoRuns`: one line naming
-the command that makes the runs, no traceback, in a notebook too.
+Their `profile = ""` means the runs that exist, by one rule (`pick_profile`, one printed line
+saying which): the notebook's own profile (gamma and cost: gamma's; case_study: case-study's;
+mechanism: mechanism's; PROFILE_NOTEBOOKS) when its grid has finished runs, else the main job's
+(`./run_all.sh`, the demo profile), else the profile whose latest run finished last. A figure's
+`task = ""` is its runs' one task, the synthetic one among several (`pick_figure_task`); the case
+study's a task with checkpointed runs of both methods, SST-2 first (`pick_task`); a figure drawn
+without some of its methods says so in one line (`present_methods`). With nothing to show,
+`NoRuns`: one line naming the command that makes the runs, no traceback, in a notebook too.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from kit.results.collect import finished, profile_run_dirs
 
 MAIN = "demo"                       # the profile `./run_all.sh` runs
 CASE_STUDY_TASKS = ("SST-2",)       # the paper's case study is on SST-2 reviews
+# The notebooks written for one profile (its description names them): opened as they are, they
+# show that profile's runs first; its report page shows them (kit.results.page).
+PROFILE_NOTEBOOKS = {"gamma": ("gamma", "cost"), "case-study": ("case_study",),
+                     "mechanism": ("mechanism",)}
 
 
 class NoRuns(ValueError):
@@ -37,22 +43,52 @@ def run_command(profile: str) -> str:
     return "./run_all.sh" if profile == MAIN else f"./run_all.sh {profile}"
 
 
-def finished_profiles(outputs_dir: str | os.PathLike = "outputs") -> dict[str, float]:
-    """{profile in params/: the modification time of its newest finished run's metrics.json},
-    by each run's config.json `profile`."""
+def own_profile(notebook: str) -> str:
+    """The profile a notebook is written for (PROFILE_NOTEBOOKS), else the main job's."""
+    return next((name for name, notebooks in PROFILE_NOTEBOOKS.items() if notebook in notebooks),
+                MAIN)
+
+
+def finished_profiles(outputs_dir: str | os.PathLike = "outputs",
+                      candidates: Sequence[str] = ()) -> dict[str, float]:
+    """{profile in params/: the modification time of the newest finished run of its grid} for
+    `candidates` and every profile a finished run's config.json names. Membership is by run id
+    (`profile_run_dirs`, as the tables count): a grid whose points another profile finished
+    first is found, though their config.json names that other profile. (Only those profiles:
+    expanding every grid in params/ takes seconds.)"""
+    return {name: max(times) for name, times in _finished_runs(outputs_dir, candidates).items()}
+
+
+def _finished_runs(outputs_dir, candidates: Sequence[str]) -> dict[str, list[float]]:
+    """{profile: the metrics.json times of its grid's finished runs} (see finished_profiles)."""
     root = runs.runs_root(outputs_dir)
-    newest: dict[str, float] = {}
+    named = []
     for run_dir in runs.run_folders(root) if root.is_dir() else []:
-        if (runs.readable_metrics(run_dir) or {}).get("status") != "ok":
+        if _finished_at(run_dir) is None:
             continue
         try:
-            name = (runs.read_config(run_dir) or {}).get("profile")
+            named.append((runs.read_config(run_dir) or {}).get("profile"))
         except (OSError, ValueError):          # a corrupt file: collect_runs names it later
             continue
-        if not name:
-            continue
-        newest[name] = max(newest.get(name, 0.0), runs.metrics_path(run_dir).stat().st_mtime)
-    return {name: when for name, when in newest.items() if _in_params(name)}
+    found = {}
+    for name in dict.fromkeys([*candidates, *sorted(filter(None, named))]):
+        if _in_params(name):
+            times = [t for t in map(_finished_at, profile_run_dirs(name, outputs_dir) or [])
+                     if t is not None]
+            if times:
+                found[name] = times
+    return found
+
+
+def _finished_at(run_dir) -> float | None:
+    """metrics.json's modification time for a finished run; None for any other, or for one a
+    rerun moves away while it is read."""
+    try:
+        if (runs.readable_metrics(run_dir) or {}).get("status") != "ok":
+            return None
+        return runs.metrics_path(run_dir).stat().st_mtime
+    except OSError:
+        return None
 
 
 def _in_params(name: str) -> bool:
@@ -62,32 +98,32 @@ def _in_params(name: str) -> bool:
         return False
 
 
-def _finished_count(profile: str, outputs_dir) -> int:
-    """The finished runs of the profile's current grid (its params/ file may have changed)."""
-    dirs = profile_run_dirs(profile, outputs_dir) or []
-    return sum((runs.readable_metrics(d) or {}).get("status") == "ok" for d in dirs)
-
-
 def pick_profile(outputs_dir: str | os.PathLike = "outputs", profile: str = "",
-                 prefer: str = MAIN) -> str:
-    """`profile` when given; "" picks `prefer` when its grid has finished runs, else the profile
-    whose newest finished run is the newest (metrics.json's time), and prints one line saying
-    which. No finished run of any profile: NoRuns naming the command that runs `prefer`."""
+                 notebook: str = "") -> str:
+    """`profile` when given; "" picks, of the profiles whose grid has finished runs, the
+    notebook's own (`own_profile`: gamma's and cost's the gamma profile, case_study's
+    case-study, mechanism's mechanism; the others' the demo), else the demo, else the one whose
+    newest finished run is the newest (metrics.json's time), and prints one line saying which.
+    No finished run of any: NoRuns naming the command that runs the notebook's own profile."""
     if profile:
         return profile
-    newest = finished_profiles(outputs_dir)
-    order = sorted(newest, key=lambda name: (name != prefer, -newest[name]))
-    for name in order:
-        count = _finished_count(name, outputs_dir)
-        if count:
-            why = ("the main job's runs" if name == MAIN == prefer else
-                   f"the {prefer} profile's runs" if name == prefer else
-                   f"the newest finished runs; none of {prefer} yet")
-            print(f'profile = "{name}": {why} ({count} finished under {outputs_root(outputs_dir)})'
-                  "; set profile to show another", flush=True)
-            return name
-    raise NoRuns(f"no finished runs of a profile under {runs.runs_root(outputs_dir)}: "
-                 f"`{run_command(prefer)}` makes them, then run this notebook again")
+    own = own_profile(notebook)
+    preferred = list(dict.fromkeys([own, MAIN]))
+    found = _finished_runs(outputs_dir, preferred)
+    if not found:
+        raise NoRuns(f"no finished runs of a profile under {runs.runs_root(outputs_dir)}: "
+                     f"`{run_command(own)}` makes them, then run this notebook again")
+    name = min(found, key=lambda name: (preferred.index(name) if name in preferred
+                                        else len(preferred), -max(found[name])))
+    if name == own != MAIN:
+        why = f"the {own} profile's runs, this notebook's own"
+    elif name == MAIN:
+        why = "the main job's runs" + (f"; none of {own} yet" if own != MAIN else "")
+    else:
+        why = f"the newest finished runs; none of {' or '.join(preferred)} yet"
+    print(f'profile = "{name}": {why} ({len(found[name])} finished under '
+          f"{outputs_root(outputs_dir)}); set profile to show another", flush=True)
+    return name
 
 
 def pick_task(frame: pd.DataFrame, task: str, method_names: Sequence[str],
@@ -108,6 +144,23 @@ def pick_task(frame: pd.DataFrame, task: str, method_names: Sequence[str],
     print(f'task = "{chosen}": checkpointed runs of {" and ".join(method_names)}'
           + (f" (also: {', '.join(t for t in sorted(tasks) if t != chosen)})"
              if len(tasks) > 1 else ""), flush=True)
+    return chosen
+
+
+def pick_figure_task(frame: pd.DataFrame, task: str, default: str = "synthetic") -> str:
+    """A figure's task (it shows one): `task` when given; "" picks the one task of the finished
+    runs in `frame`, else `default` among several, else the first by name, and prints one line
+    when it chose among several. No finished run: NoRuns."""
+    if task:
+        return task
+    tasks = sorted(map(str, frame.loc[frame["status"] == "ok", "task"].dropna().unique())
+                   ) if len(frame) else []
+    if not tasks:
+        raise NoRuns("no finished runs here to draw: choose another profile or model")
+    chosen = default if default in tasks else tasks[0]
+    if len(tasks) > 1:
+        print(f'task = "{chosen}" (also: {", ".join(t for t in tasks if t != chosen)})',
+              flush=True)
     return chosen
 
 

@@ -39,15 +39,14 @@ from kit import runs  # noqa: E402
 from kit.config.paths import PROJECT, outputs_root  # noqa: E402
 from kit.config.profiles import Profile, load_profile  # noqa: E402
 from kit.results import page_header, token_html  # noqa: E402
+from kit.results.notebook_defaults import PROFILE_NOTEBOOKS  # noqa: E402,F401
 
 Execute = Callable[[Path, Path, dict], None]
 
 # the notebook of each figure kind a profile's `figures:` may ask for (kit.config.profiles.
-# FIGURES; kit.results.profile_outputs draws the same figures as PNG files), and those written
-# for one profile (their own text names it)
+# FIGURES; kit.results.profile_outputs draws the same figures as PNG files); those written for
+# one profile are notebook_defaults.PROFILE_NOTEBOOKS (opened as they are, they show its runs)
 FIGURE_NOTEBOOKS = {"label-quality": "label_quality", "gamma": "gamma", "cost": "cost"}
-PROFILE_NOTEBOOKS = {"gamma": ("gamma", "cost"), "case-study": ("case_study",),
-                     "mechanism": ("mechanism",)}
 # label quality is measured on the synthetic task only (its cues are known)
 FIXED_TASK = {"label_quality": "synthetic"}
 TASK_NOTEBOOKS = ("label_quality", "gamma", "cost", "case_study")    # those with a `task`
