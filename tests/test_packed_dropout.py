@@ -1,14 +1,20 @@
-"""kit.models.packed_dropout: the packed mask's rate and independence, torch's dropout arithmetic
-given the mask, the stream restored from the generator state, the swap in a Hugging Face model
-(SDPA's math path with the packed mask in training, SDPA itself in evaluation, nothing saved
-differently) and `auto`'s rule. A run with it resuming bit for bit: tests/test_preemption.py."""
+"""kit.models.packed_dropout: the packed mask's rate and independence (and its statistics beside
+torch's dropout's), torch's dropout arithmetic given the mask, the stream restored from the
+generator state, the registered attention called as transformers calls it (torch's SDPA math
+path given the packed mask, bit for bit: bf16, causal, grouped heads; SDPA itself without
+dropout), the swap in a Hugging Face model (nothing saved differently) and `auto`'s rule. A run with it resuming bit for bit: tests/test_preemption.py."""
+import contextlib
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModel, BertConfig, BertModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kit.config.run_config import RunConfig
 from kit.models import packed_dropout as pd
@@ -105,19 +111,100 @@ def test_the_swap_covers_every_dropout_and_saves_a_plain_model(tmp_path):
         assert torch.equal(before, again(input_ids=ids, attention_mask=mask).last_hidden_state)
 
 
-def test_training_attention_is_sdpas_math_path_given_the_mask():
-    """In training, packed_sdpa computes softmax(q k^T * scale + mask) with the packed dropout,
-    times v: torch's SDPA given the same dropped probabilities (dropout_p 0 on a masked copy)."""
+CASES = ["padding", "additive", "nothing to attend", "causal", "grouped heads", "no mask"]
+
+
+def _attention_inputs(case: str, dtype):
+    """q, k, v (batch 2, 4 query heads, 6 tokens, dim 8), the mask transformers would pass and the
+    module it calls the attention function with (is_causal, num_key_value_groups)."""
     torch.manual_seed(1)
-    q, k, v = (torch.randn(2, 3, 6, 8) for _ in range(3))
-    attend = torch.ones(2, 1, 6, 6, dtype=torch.bool)
-    attend[1, ..., 4:] = False
+    heads = 2 if case == "grouped heads" else 4
+    q, k, v = (torch.randn(2, h, 6, 8).to(dtype) for h in (4, heads, heads))
+    mask = None
+    if case in ("padding", "nothing to attend"):
+        mask = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+        mask[1, ..., 4:] = False                     # padding: sdpa_mask's boolean mask
+        if case == "nothing to attend":
+            mask[0, ..., 2, :] = False               # a query row with no key: 0, not NaN
+    elif case == "additive":
+        mask = torch.randn(2, 1, 6, 6)
+    module = SimpleNamespace(is_causal=case == "causal", num_key_value_groups=4 // heads)
+    return q, k, v, mask, module
+
+
+def _sdpa(q, k, v, mask, module, scale, math: bool = False):
+    """torch's own SDPA as transformers calls it, on its best backend, or on its MATH backend
+    (the path it takes on a CPU with dropout on)."""
+    with sdpa_kernel([SDPBackend.MATH]) if math else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, is_causal=module.is_causal and mask is None,
+            enable_gqa=module.num_key_value_groups > 1)
+
+
+def _dropped_math(q, k, v, mask, module, scale, keep, rate):
+    """torch's math path with a given keep mask: its probabilities in fp32 (the second output of
+    aten::_scaled_dot_product_attention_math, on fp32 copies: the path computes half precision
+    in fp32 anyway), dropped as torch's dropout does given the mask (x * keep * 1/(1 - rate),
+    the scale in fp32), times v, cast to the inputs' dtype."""
+    if mask is not None:     # as SDPA adds it: a float mask in the inputs' dtype (autocast's)
+        mask = (mask.to(q.dtype).float() if mask.is_floating_point() else
+                torch.zeros(mask.shape).masked_fill(~mask, float("-inf")))
+    probs = torch.ops.aten._scaled_dot_product_attention_math(
+        q.float(), k.float(), v.float(), mask, 0.0, module.is_causal and mask is None,
+        scale=scale, enable_gqa=module.num_key_value_groups > 1)[1]
+    values = v.float().repeat_interleave(module.num_key_value_groups, -3)
+    return (probs.mul(keep).mul_(1 / (1 - rate)) @ values).to(q.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_the_kits_attention_is_torchs_sdpa_math_path(case, dtype):
+    """Through transformers' attention interface, the function the swap registers: without
+    dropout SDPA itself (its best backend, as transformers calls it); with dropout torch's math path given the packed keep mask (the
+    generator's state fixed, the mask drawn again), bit for bit, and its dropout-free
+    arithmetic SDPA's MATH backend bit for bit - in fp32 and under bf16 autocast (fp32 softmax,
+    as SDPA), with causal modules and grouped key/value heads."""
+    attention = ALL_ATTENTION_FUNCTIONS[pd.ATTENTION]
+    q, k, v, mask, module = _attention_inputs(case, dtype)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    with autocast:
+        sdpa = _sdpa(q, k, v, mask, module, 0.3, math=True)
+        assert torch.equal(pd._math_path(q, k, v, mask, 0.3, module.is_causal and mask is None,
+                                         module.num_key_value_groups, lambda p: p), sdpa)
+        out, _ = attention(module, q, k, v, mask, dropout=0.0, scaling=0.3)
+        assert torch.equal(out, _sdpa(q, k, v, mask, module, 0.3).transpose(1, 2))
+        torch.manual_seed(5)
+        out, _ = attention(module, q, k, v, mask, dropout=0.1, scaling=0.3)
+    drop = round(0.1 * pd.LANES)
     torch.manual_seed(5)
-    out, _ = pd.packed_sdpa(None, q, k, v, attend, dropout=0.1, scaling=8 ** -0.5)
-    torch.manual_seed(5)
-    scores = (q @ k.transpose(-2, -1) * 8 ** -0.5).masked_fill(~attend, float("-inf"))
-    probs = pd.drop(torch.softmax(scores, -1), 0.1)
-    assert torch.allclose(out, (probs @ v).transpose(1, 2), atol=1e-6)
+    keep = pd.keep_mask((2, 4, 6, 6), drop)
+    want = _dropped_math(q, k, v, mask, module, 0.3, keep, drop / pd.LANES)
+    assert out.dtype == sdpa.dtype and torch.equal(out, want.transpose(1, 2))
+
+
+@pytest.mark.parametrize("extra", [{"softcap": 30.0}, {"position_bias": torch.zeros(1, 4, 6, 6)}])
+def test_what_the_math_path_does_not_do_is_refused_in_one_line(extra):
+    q, k, v, mask, module = _attention_inputs("padding", torch.float32)
+    with pytest.raises(ValueError, match=rf"^packed dropout's attention does not take "
+                                         rf"{next(iter(extra))}: set dropout_rng: torch"):
+        pd.packed_sdpa(module, q, k, v, mask, dropout=0.1, **extra)
+
+
+def test_the_packed_masks_statistics_are_torchs_dropouts():
+    """PackedDropout and torch's nn.Dropout on a large tensor: the same drop rate, and neither
+    drops neighbouring elements together more often than independence says (p^2), within 5
+    standard errors of the difference."""
+    n, p = 2_000_000, 0.1
+    torch.manual_seed(11)
+    packed = pd.PackedDropout(p).train()(torch.ones(n)) == 0
+    theirs = torch.nn.Dropout(p).train()(torch.ones(n)) == 0
+    rate = lambda d: d.float().mean().item()                                # noqa: E731
+    se = lambda q, m: (q * (1 - q) / m) ** 0.5                              # noqa: E731
+    assert abs(rate(packed) - rate(theirs)) <= 5 * 2 ** 0.5 * se(p, n)
+    for lag in (1, 2, 3, 4):
+        both = [rate(d[lag:] & d[:-lag]) for d in (packed, theirs)]
+        assert abs(both[0] - both[1]) <= 5 * 2 ** 0.5 * se(p * p, n - lag), lag
+        assert abs(both[0] - p * p) <= 5 * se(p * p, n - lag), lag
 
 
 @pytest.mark.parametrize("requested,device,precision,compiled,resolved", [

@@ -11,11 +11,14 @@ from the default generator, so a checkpoint's RNG state restores the stream (exa
 
 `use_packed_dropout(model)` swaps every `nn.Dropout` for `PackedDropout` and the SDPA attention
 of Hugging Face models for `ATTENTION`: SDPA's own math path on a CPU (the one torch takes when
-dropout is on) with the packed mask on the attention probabilities; without dropout (evaluation)
-it is SDPA itself. Eager attention (attention guiding) keeps torch's dropout on the probabilities.
+dropout is on: fp32 softmax for bf16 inputs, causal and grouped heads as transformers asks) with
+the packed mask on the attention probabilities; without dropout (evaluation) it is SDPA itself.
+Eager attention (attention guiding) keeps torch's dropout on the probabilities.
 Measured in docs/benchmarks.md ("Dropout's random numbers").
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -24,6 +27,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 LANES = 65536           # values of a 16-bit lane
+# the softmax of torch's math path: since 2.5 a "safe" one (a row with nothing to attend gives
+# 0s, not NaN); before, the plain one
+SOFTMAX = getattr(torch, "_safe_softmax", torch.softmax)
 ATTENTION = "kit_packed_sdpa"
 
 
@@ -56,21 +62,66 @@ class PackedDropout(nn.Dropout):
 
 
 def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                **kwargs):
+                is_causal=None, **kwargs):
     """transformers' attention-function contract: SDPA, except with dropout on, where SDPA on a
-    CPU runs its math path (scores, softmax, dropout, product) - here the same with the packed
-    mask. Returns (output as batch x length x heads x dim, None)."""
+    CPU runs its math path - here that path (`_math_path`) with the packed mask instead of
+    torch's dropout. Causal attention and grouped key/value heads as transformers' SDPA function
+    decides them; what else it handles (softcap, position_bias) is refused in one line rather
+    than dropped. Returns (output as batch x length x heads x dim, None)."""
     if not dropout:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0,
-                                      scaling=scaling, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
-    if attention_mask is not None:        # sdpa_mask's: True = attend (bool), or additive
-        scores = (scores.masked_fill(~attention_mask, float("-inf"))
-                  if attention_mask.dtype == torch.bool else scores + attention_mask)
-    probs = drop(torch.softmax(scores, dim=-1), dropout)
-    out = torch.matmul(probs.to(value.dtype), value)
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    unsupported = [k for k in ("softcap", "position_bias") if kwargs.get(k) is not None]
+    if unsupported:
+        raise ValueError(f"packed dropout's attention does not take {', '.join(unsupported)}: "
+                         "set dropout_rng: torch for this model")
+    # transformers' rules (sdpa_attention_forward): the module's flag unless the call gives one,
+    # causal only where no mask is given; grouped key/value heads repeated to the query's
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal and attention_mask is None and query.shape[2] > 1)
+    groups = getattr(module, "num_key_value_groups", 1)
+    out = _math_path(query, key, value, attention_mask, scaling, causal, groups,
+                     lambda probs: drop(probs, dropout))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _math_path(query, key, value, mask, scale, causal: bool, groups: int, dropout):
+    """torch's SDPA math path (aten::_scaled_dot_product_attention_math), step for step, so that
+    without dropout it is SDPA's MATH backend bit for bit (tests/test_packed_dropout.py): under
+    autocast the inputs in its dtype; half-precision inputs computed in fp32 (the softmax above
+    all) and the output cast back; the scale split between query and key; a boolean mask or the
+    causal one as an additive -inf; a row with nothing to attend gives 0 (safe softmax), not NaN.
+    `dropout` takes the probabilities to the dropped ones."""
+    device = query.device.type
+    if torch.is_autocast_enabled(device):       # SDPA is a lower-precision op under autocast
+        low = torch.get_autocast_dtype(device)
+        query, key, value = (t.to(low) for t in (query, key, value))
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(low)
+    origin = query.dtype
+    if mask is not None and mask.dtype == torch.bool:
+        mask = _additive(mask, origin)
+    with torch.autocast(device, enabled=False):
+        q, k, v = (t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+                   for t in (query, key, value))
+        factor = math.sqrt(scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+        if causal:
+            length, keys = q.shape[-2], k.shape[-2]
+            mask = _additive(torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(),
+                             q.dtype)
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, -3), v.repeat_interleave(groups, -3)
+        scores = (q * factor) @ (k.transpose(-2, -1) * factor)
+        if mask is not None:
+            scores = scores + mask
+        probs = dropout(SOFTMAX(scores, -1))
+        return (probs @ v).to(origin)
+
+
+def _additive(mask: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean mask (True = attend) as SDPA adds it: 0 there, -inf elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask, float("-inf"))
 
 
 AttentionInterface.register(ATTENTION, packed_sdpa)
