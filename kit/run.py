@@ -34,9 +34,10 @@ from kit.config.run_config import ConfigError, RunConfig, field_types
 from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.data.readers import DataError
+from kit.results.views import best_epoch_line
 from kit.runs import finished_metrics, run_dir_of
 from kit.train.preemption import PREEMPTED_EXIT
-from kit.train.progress import epoch_number, reuse_line
+from kit.train.progress import reuse_line
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
 OPTIONS = ("notebook",)            # options of this command, not RunConfig fields
@@ -130,10 +131,7 @@ def summary(status: str, detail: str, cfg: RunConfig) -> str:
     metrics = runs.readable_metrics(run_dir)
     if (status in ("ok", "skipped", batch.NOTEBOOK_FAILED) and metrics is not None
             and metrics.get("status") == "ok"):
-        best = {k: round(v, 4) for k, v in (metrics.get("best_dev") or {}).items()
-                if isinstance(v, (int, float))}
-        lines.append(f"  best epoch {epoch_number(metrics['best_epoch'])}/"
-                     f"{len(metrics.get('epochs') or [])}: {best}")
+        lines.append(f"  {best_epoch_line(metrics)}")
         if status == "skipped":
             lines.append(f"  {reuse_line(metrics, kit_commit(), 'rerun=true')}")
     return "\n".join(lines)

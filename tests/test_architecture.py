@@ -217,3 +217,20 @@ def test_the_worked_example_of_a_new_method_runs(monkeypatch):
         special = np.isin(original, [101, 102])
         assert (copy[special] == original[special]).all()
         assert sorted(copy[~special]) == sorted(original[~special])
+
+
+def test_a_precision_is_named_in_one_place(monkeypatch):
+    """What `mixed_precision: no` is called (fp32) is written once, kit.config.rules.
+    PRECISION_NAMES: the report's header and a checkpoint's hardware line both read it."""
+    import re
+    from kit.config import rules
+    from kit.results import page_header
+    spelled = [path for path in sorted(KIT.rglob("*.py"))
+               if re.search(r"""["']no["']\s*:\s*["']fp32["']""", path.read_text())]
+    assert spelled == [KIT / "config" / "rules.py"]
+    from kit.train.checkpoint_hardware import describe
+    monkeypatch.setitem(rules.PRECISION_NAMES, "no", "float32")
+    assert describe({"precision": "no", "device": "cpu", "processes": 1}) == "float32 on cpu x1"
+    metrics = {"mixed_precision": "no", "device": "cpu", "environment": {}}
+    done = [page_header.GridRun("r", Path("r"), {}, "ok", metrics)]
+    assert page_header.provenance(done)["precision"] == "float32 on cpu"

@@ -81,7 +81,7 @@ def test_one_point_runs_through_the_notebook_then_is_skipped(tmp_path, capsys):
     assert json.loads((run / "metrics.json").read_text())["status"] == "ok"
     assert (run / "notebook.ipynb").exists()
     first = capsys.readouterr().out
-    assert f"{cfg.run_id}: ok" in first and "best epoch 1/1: {" in first    # counted from 1
+    assert f"{cfg.run_id}: ok" in first and "best epoch 1/1, " in first    # counted from 1
     assert krun.main(argv) == 0
     assert f"{cfg.run_id}: skipped (finished earlier)" in capsys.readouterr().out
 
@@ -331,7 +331,7 @@ def test_kit_run_reruns_through_the_notebook_keeping_the_old_run_until_ok(
     argv, cfg, before = finished_run
     assert krun.main(argv) == 0                        # finished: reused, one line says so
     out = capsys.readouterr().out
-    assert f"{cfg.run_id}: skipped (finished earlier)" in out and "best epoch 1/1: {" in out
+    assert f"{cfg.run_id}: skipped (finished earlier)" in out and "best epoch 1/1, " in out
     assert f"reused finished run {cfg.run_id} (trained " in out and "rerun=true trains" in out
     with monkeypatch.context() as m:
         m.setattr(finetune, "target_loss", nan_loss)

@@ -4,6 +4,7 @@ the model's dev predictions (kit.results.model_view, through kit.predict), and t
 listed once (kit.config.profiles.FIGURES). One tiny SSA-H run trained once for the module."""
 import json
 import re
+from pathlib import Path
 
 import matplotlib
 import nbformat
@@ -160,7 +161,75 @@ def test_the_report_shows_the_token_section_of_runs_with_saved_labels(ssa_run, t
     assert token_html.report_section([tmp_path]) == ""        # no labels saved: no section
 
 
+def test_the_token_views_decode_only_the_epoch_they_show(ssa_run, tmp_path, monkeypatch):
+    """A run that saved 3 SSA epochs: whether it saved any is read from the file names, the
+    labels view and the report's token section decode the one epoch they show (the last)."""
+    import shutil
+    from kit import io as kio
+    run = tmp_path / ssa_run.name
+    shutil.copytree(ssa_run, run)
+    last = max(runs.saved_labels_dir(run).glob("epoch*.npz"))
+    epoch = int(last.stem.removeprefix("epoch"))
+    for later in (epoch + 1, epoch + 2):
+        shutil.copy(last, runs.saved_labels_dir(run) / f"epoch{later}.npz")
+    decoded = []
+    read_arrays = kio.read_arrays
+    monkeypatch.setattr(kio, "read_arrays", lambda path: decoded.append(Path(path).name)
+                        or read_arrays(path))
+    assert token_html.pick_view(run) == "labels" and decoded == []
+    view = token_html.show_tokens(run, n=2)
+    assert view.by == "labels" and decoded == [f"epoch{epoch + 2}.npz"]
+    decoded.clear()
+    assert view.html in token_html.report_section([run], n=2)
+    assert decoded == [f"epoch{epoch + 2}.npz"]
+    decoded.clear()
+    token_html.show_tokens(run, n=2, epoch=epoch)
+    assert decoded == [f"epoch{epoch}.npz"]
+
+
 # ---------------------------------------------------------------- the trained model
+
+def test_a_gold_label_is_shown_one_way_in_every_view(tmp_path):
+    """SST-2's classes "0" / "1" are negative / positive in the token views, the case study
+    and the dev predictions alike (token_view.label_name, the one rendering)."""
+    from kit.config.tasks import get_task
+    cfg = RunConfig(task="SST-2", model="tiny", method="bert", glue_dir="data/glue",
+                    outputs_dir=str(tmp_path))
+    run_dir = runs.make_run_dir(cfg)
+    runs.config_path(run_dir).write_text(json.dumps(cfg.to_dict()))
+
+    def predict_one(run_dir, texts):                  # kit.predict's columns: class names
+        return pd.DataFrame({"prediction": ["1"] * len(texts), "prob_0": 0.25, "prob_1": 0.75})
+    frame = model_view.dev_predictions(run_dir, predict_one, max_rows=6)
+    shown = {"negative", "positive"}
+    assert set(frame["label"]) <= shown and set(frame["prediction"]) == {"positive"}
+    assert frame.columns[-2:].tolist() == ["prob_negative", "prob_positive"]
+    assert model_view.confusion(frame).columns.tolist() == ["negative", "positive"]
+    config = runs.read_config(run_dir)
+    assert [token_html.label_text(config, y) for y in (0, 1)] == ["negative", "positive"]
+    from kit.results.token_view import label_name
+    sst2 = get_task("SST-2")
+    assert [label_name(sst2, 1), label_name(sst2, "1"), label_name(sst2, np.int64(0))] == \
+        ["positive", "positive", "negative"]
+    assert label_name(get_task("STS-B"), 3.14159) == "3.14" and label_name(None, 2) == "2"
+
+
+def test_the_best_epoch_is_said_in_one_line_everywhere(tmp_path):
+    """The notebooks' summary line and the end of `python -m kit.run` say a finished run's best
+    epoch in the same words (views.best_epoch_line)."""
+    import kit.run
+    from kit.results import views
+    cfg = RunConfig(task="synthetic", model="tiny", method="bert", outputs_dir=str(tmp_path))
+    run_dir = runs.make_run_dir(cfg)
+    metrics = {**runs.base_record(cfg), "status": "ok", "best_epoch": 1,
+               "best_dev": {"accuracy": 0.8125, "f1": 0.80104, "score": 0.8125},
+               "epochs": [{"epoch": 0}, {"epoch": 1}, {"epoch": 2}]}
+    runs.metrics_path(run_dir).write_text(json.dumps(metrics))
+    line = "best epoch 2/3, accuracy 0.8125, f1 0.8010"
+    assert kit.run.summary("ok", "", cfg).splitlines()[-1] == f"  {line}"
+    assert views.summary_line(metrics) == f"{cfg.run_id} ok: {line}"
+    assert views.best_epoch_line(metrics) == line
+
 
 def test_dev_predictions_are_kit_predicts(ssa_run):
     frame = model_view.dev_predictions(ssa_run, predict)

@@ -19,6 +19,15 @@ CHOICES = {
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
     "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
 }
+# What a `mixed_precision` value is called where a reader sees it (a report's header, a
+# checkpoint's hardware line): autocast's "no" is fp32; the others are their own names.
+PRECISION_NAMES = {"no": "fp32"}
+
+
+def precision_name(value: str) -> str:
+    return PRECISION_NAMES.get(value, value)
+
+
 # The interval of each numeric field, as its error message prints it ("[" "]" closed, "(" ")"
 # open).
 RANGES = {

@@ -17,15 +17,17 @@ import pandas as pd
 from kit import runs
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import load_task_data
+from kit.results.token_view import label_name
 
-PROB = "prob_"       # kit.predict's probability columns: prob_<class name>
+PROB = "prob_"       # the probability columns: prob_<class name, as label_name shows it>
 
 
 def dev_predictions(run_dir: str | os.PathLike, predict: Callable, max_rows: int = 500
                     ) -> pd.DataFrame:
     """The first `max_rows` rows of the run's first dev split (kit.data.pipeline.load_task_data
     with the run's config: the rows it evaluated) with `predict(run_dir, texts)`'s output: the
-    text column(s) by the task's names, `label`, `prediction`, then for classes `confidence`
+    text column(s) by the task's names, `label`, `prediction` (classes by the name every view
+    shows, token_view.label_name: SST-2's positive / negative), then for classes `confidence`
     (the predicted class's probability), `correct` and one prob_<class> per class, for
     regression `error` (prediction - label). attrs: task, split, regression, pair (a pair
     task), run_id. A sample to look at, bounded in time: the whole dev set's scores are in
@@ -39,13 +41,14 @@ def dev_predictions(run_dir: str | os.PathLike, predict: Callable, max_rows: int
     columns = list(task.text_columns)[:2 if rows.text_b is not None else 1]
     frame = pd.DataFrame(dict(zip(columns, [rows.text_a, rows.text_b])))
     regression = task.regression
-    frame["label"] = (rows.labels.astype(float) if regression
-                      else [task.labels[int(y)] for y in rows.labels])
-    frame["prediction"] = preds["prediction"]
     if regression:
+        frame["label"], frame["prediction"] = rows.labels.astype(float), preds["prediction"]
         frame["error"] = frame["prediction"] - frame["label"]
-    else:
-        probs = preds[[c for c in preds.columns if c.startswith(PROB)]]
+    else:                                   # classes by the name every view shows
+        frame["label"] = [label_name(task, int(y)) for y in rows.labels]
+        frame["prediction"] = [label_name(task, str(p)) for p in preds["prediction"]]
+        probs = preds[[c for c in preds.columns if c.startswith(PROB)]].rename(
+            columns=lambda c: PROB + label_name(task, c[len(PROB):]))
         frame["confidence"] = probs.max(axis=1)
         frame["correct"] = frame["prediction"] == frame["label"]
         frame = pd.concat([frame, probs], axis=1)

@@ -17,12 +17,12 @@ import pandas as pd
 
 from kit import runs
 from kit.config.profiles import Profile, read_spec
+from kit.config.rules import precision_name
 from kit.config.run_config import RunConfig
 from kit.results import table_sets, writers
 from kit.results.collect import load_runs, mixed_environments
 from kit.results.paper_table import DEGENERATE
 
-PRECISION = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}   # metrics.json mixed_precision
 SHOWN_FAILURES = 3
 NOTEBOOK_FAILED = "notebook failed: "      # an ok run's error: its notebook's, after fit()
 
@@ -100,8 +100,8 @@ def provenance(done: list[GridRun]) -> dict[str, str]:
         "kit commit": _tally(_commit(env) for _, env in envs),
         "CPU": _tally(_cpu(env) for _, env in envs),
         "GPU": _tally(_gpu(env) for _, env in envs),
-        "precision": _tally(f"{PRECISION.get(m.get('mixed_precision'), m.get('mixed_precision'))}"
-                            f" on {m.get('device') or '?'}" for m, _ in envs),
+        "precision": _tally(f"{precision_name(m.get('mixed_precision'))} on "
+                            f"{m.get('device') or '?'}" for m, _ in envs),
         "libraries": _tally(", ".join(f"{k} {env.get(k)}" for k in
                                       ("python", "torch", "transformers", "accelerate"))
                             for _, env in envs),

@@ -30,7 +30,7 @@ from kit.config.tasks import Split, get_task
 from kit.data.pipeline import encode
 from kit.models.backbones import load_tokenizer
 from kit.results.model_view import dev_sample
-from kit.results.token_view import display_label, token_scores
+from kit.results.token_view import label_name, token_scores
 
 VIEWS = {"labels": "SSA label", "p_important": "P(important), the token head",
          "attention": "[CLS] attention, last layer (scaled to the sentence's largest)"}
@@ -95,7 +95,7 @@ def pick_view(run_dir: Path, by: str = "auto", own_sentences: bool = False) -> s
         if by not in VIEWS:
             raise ValueError(f"show_tokens: by={by!r}; choose auto, {', '.join(VIEWS)}")
         return by
-    if not own_sentences and next(runs.read_saved_labels(run_dir), None) is not None:
+    if not own_sentences and runs.saved_label_epochs(run_dir):
         return "labels"
     method = (runs.read_config(run_dir) or {}).get("method")
     return "p_important" if method in methods.REGISTRY and methods.get(method).token_head \
@@ -105,13 +105,15 @@ def pick_view(run_dir: Path, by: str = "auto", own_sentences: bool = False) -> s
 # ---------------------------------------------------------------- the frames
 
 def label_tokens(run_dir: Path, n: int = 6, epoch: int | None = None) -> TokenView:
-    """The labels view: the first `n` rows of a saved SSA epoch that the probe labelled (the
-    paper rule: any token labelled; the code rule: its masked copies, whose masked tokens are
-    0), word-pieces from the run's tokenizer. SSA labels only sentences the probe (the model
-    after the previous epoch) predicted correctly, so their prediction is their label."""
+    """The labels view: the first `n` rows of a saved SSA epoch (`epoch`, default the last;
+    only that epoch's file is read) that the probe labelled (the paper rule: any token labelled;
+    the code rule: its masked copies, whose masked tokens are 0), word-pieces from the run's
+    tokenizer. SSA labels only sentences the probe (the model after the previous epoch)
+    predicted correctly, so their prediction is their label."""
     config = runs.read_config(run_dir) or {}
-    blob = (runs.read_saved_epoch(run_dir, epoch) if epoch is not None
-            else next(reversed(list(runs.read_saved_labels(run_dir))), None))
+    if epoch is None:
+        epoch = (runs.saved_label_epochs(run_dir) or [None])[-1]
+    blob = runs.read_saved_epoch(run_dir, epoch) if epoch is not None else None
     if blob is None:
         which = f" for epoch {epoch}" if epoch is not None else ""
         raise ValueError(f"{run_dir}: no saved SSA labels{which}: they exist for ssa-co / ssa-h "
@@ -198,14 +200,8 @@ def _task(config: dict):
 
 
 def label_text(config: dict, value) -> str:
-    """A gold label as the view shows it: the class name (SST-2 / CoLA by meaning), a
-    regression target to 2 decimals; a CSV run's class by its number."""
-    task = _task(config)
-    if task is None:
-        return str(value)
-    if task.regression:
-        return f"{float(value):.2f}"
-    return display_label(task.name, task.labels[int(value)])
+    """A gold label as the views show it (token_view.label_name) for the run of `config`."""
+    return label_name(_task(config), value)
 
 
 def run_tokenizer(run_dir: Path, config: dict):
@@ -307,8 +303,7 @@ def report_section(run_dirs, n: int = REPORT_SENTENCES, max_runs: int = REPORT_R
     for run_dir in map(Path, run_dirs):
         config = runs.read_config(run_dir) or {}
         key = tuple(str(config.get(k)) for k in ("task", "model", "method"))
-        if key in shown or len(views) == max_runs or \
-                next(runs.read_saved_labels(run_dir), None) is None:
+        if key in shown or len(views) == max_runs or not runs.saved_label_epochs(run_dir):
             continue
         shown.add(key)
         views.append(label_tokens(run_dir, n).html)

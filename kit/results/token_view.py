@@ -12,16 +12,17 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kit import runs
 from kit.results.collect import finished
-from kit.config.tasks import get_task
+from kit.config.tasks import Task, get_task
 
 # The paper's two SST-2 case-study sentences (section 4.7), spelled as printed.
 PAPER_SENTENCES = ("a whole lot foul, freaky and funny.",
                    "in its ragged, cheaps and unassuming way, the movie works.")
-# Readable names for GLUE's numeric labels in figure titles.
+# Readable names for GLUE's numeric labels, in every view (label_name).
 DISPLAY_LABELS = {"SST-2": {"0": "negative", "1": "positive"},
                   "CoLA": {"0": "unacceptable", "1": "acceptable"}}
 
@@ -39,9 +40,18 @@ def find_run(runs_df: pd.DataFrame, method: str, seed: int | None = None) -> Pat
     return Path(with_ckpt.sort_values("score", ascending=False)["run_dir"].iloc[0])
 
 
-def display_label(task: str, label: str) -> str:
-    """A class name as figures and views show it (SST-2's "1": positive)."""
-    return DISPLAY_LABELS.get(task, {}).get(label, label)
+def label_name(task: Task | None, value) -> str:
+    """A label as every view shows it (the token views, dev predictions, the case study): a
+    class by its name, SST-2's and CoLA's by meaning (DISPLAY_LABELS: SST-2's "1" is
+    positive); a regression target to 2 decimals; without a registry task (a CSV run's tokens)
+    the value as it is. `value`: a class index (the data's labels) or the class's name (what
+    kit.predict predicts)."""
+    if task is None:
+        return str(value)
+    if task.regression:
+        return f"{float(value):.2f}"
+    name = task.labels[int(value)] if isinstance(value, (int, np.integer)) else str(value)
+    return DISPLAY_LABELS.get(task.name, {}).get(name, name)
 
 
 def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[str]],
@@ -85,7 +95,7 @@ def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[
         else:
             probs = torch.softmax(logits, -1)
             k = int(probs.argmax())
-            prediction = display_label(task.name, task.labels[k])
+            prediction = label_name(task, k)
             confidence = float(probs[k])
         tokens = tokenizer.convert_ids_to_tokens(enc["input_ids"][0][real].tolist())
         text = sentence if isinstance(sentence, str) else " ||| ".join(sentence)

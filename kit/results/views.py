@@ -15,9 +15,16 @@ def summary_line(metrics: dict) -> str:
     0.8125, f1 0.8010` (multi-task: each task's metrics and their mean score)."""
     if metrics.get("status") != "ok":
         return f"{metrics.get('run_id')} {metrics.get('status')}: {metrics.get('error')}"
-    dev = ", ".join(f"{k} {v:.4f}" for k, v in dev_columns(metrics["best_dev"]).items())
-    return (f"{metrics['run_id']} ok: best epoch {epoch_number(metrics['best_epoch'])}/"
-            f"{len(metrics['epochs'])}, {dev}")
+    return f"{metrics['run_id']} ok: {best_epoch_line(metrics)}"
+
+
+def best_epoch_line(metrics: dict) -> str:
+    """A finished run's best epoch (counted from 1) of its epochs, with its dev metrics:
+    `best epoch 2/3, accuracy 0.8125, f1 0.8010`; the notebooks' summary line and the end of
+    `python -m kit.run` say it in these words."""
+    dev = ", ".join(f"{k} {v:.4f}" for k, v in dev_columns(metrics.get("best_dev") or {}).items())
+    return (f"best epoch {epoch_number(metrics['best_epoch'])}/"
+            f"{len(metrics.get('epochs') or [])}, {dev}")
 
 
 def epoch_table(metrics: dict) -> pd.DataFrame:

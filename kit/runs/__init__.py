@@ -29,6 +29,6 @@ from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,  # noqa
                            previous_dir, read_config, read_dev_predictions, read_history,
                            read_json, read_metrics, read_saved_epoch, read_saved_labels,
                            readable_metrics, run_dir_of, run_folders, run_started, runs_root,
-                           saved_labels_dir, saved_labels_path)
+                           saved_label_epochs, saved_labels_dir, saved_labels_path)
 from kit.runs.write import (label_text, make_run_dir, write_dev_predictions,  # noqa: F401
                             write_history, write_saved_labels, write_test_predictions)

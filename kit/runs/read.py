@@ -180,15 +180,20 @@ def read_saved_epoch(run_dir: str | Path, epoch: int) -> dict | None:
     return {"epoch_set": arrays, "stats": meta["stats"]}
 
 
-def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
-    """The run's saved SSA epochs in epoch order, each as `read_saved_epoch` gives it; nothing
-    when it saved none. Refuses (kio.UnsafeFileError) a folder holding .pt labels of an earlier
-    kit version: they are pickles, which run code."""
+def saved_label_epochs(run_dir: str | Path) -> list[int]:
+    """The epochs the run saved SSA labels for, in order, by their files' names: nothing is
+    read (empty when it saved none). Refuses (kio.UnsafeFileError) a folder holding .pt labels
+    of an earlier kit version: they are pickles, which run code."""
     folder = saved_labels_dir(run_dir)
     _refuse_pickled_labels(sorted(folder.glob("epoch*.pt")))
-    epochs = sorted(int(path.stem.removeprefix("epoch")) for path in folder.glob("epoch*.npz")
-                    if path.stem.removeprefix("epoch").isdigit())
-    for epoch in epochs:
+    return sorted(int(path.stem.removeprefix("epoch")) for path in folder.glob("epoch*.npz")
+                  if path.stem.removeprefix("epoch").isdigit())
+
+
+def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
+    """The run's saved SSA epochs in epoch order, each as `read_saved_epoch` gives it (one
+    decoded per step of the iteration); nothing when it saved none."""
+    for epoch in saved_label_epochs(run_dir):
         yield read_saved_epoch(run_dir, epoch)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kit.config.rules import precision_name
+
 
 class CheckpointError(RuntimeError):
     pass
@@ -32,7 +34,7 @@ def hardware(accelerator) -> dict:
 def describe(hw: dict) -> str:
     """`bf16 on cuda x4 (NVIDIA A100-SXM4-80GB, 8 visible)`: `hardware` in a line; what the
     record does not know (an older checkpoint's GPU) is left out."""
-    precision = {"no": "fp32"}.get(hw["precision"], hw["precision"])
+    precision = precision_name(hw["precision"])
     gpu = [hw["gpu"]] if "gpu" in hw else []
     gpu += [f"{hw['gpus']} visible"] if "gpus" in hw else []
     return f"{precision} on {hw['device']} x{hw['processes']}" + (f" ({', '.join(gpu)})" if gpu
