@@ -6,6 +6,7 @@ probes the initial model when ssa_start_epoch is 0), global counts (steps, examp
 of files. What cannot (each rank has its own dropout stream, DDP sums gradients in another
 order): the trained weights, so the dev metric only within a stated tolerance.
 """
+import csv
 import json
 import os
 import signal
@@ -65,6 +66,12 @@ def labels(cfg: RunConfig, epoch: int = 0):
     return read_saved_epoch(run_dir_of(cfg), epoch)["epoch_set"]
 
 
+def _losses(run: Path) -> list[dict]:
+    """history.csv's rows (step, epoch, losses, lr) less the wall clock."""
+    with (run / "history.csv").open() as f:
+        return [{k: v for k, v in row.items() if k != "wall_s"} for row in csv.DictReader(f)]
+
+
 def profile_of(path: Path, *points: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"grid": [{k: list(v) if isinstance(v, tuple) else v
@@ -73,11 +80,14 @@ def profile_of(path: Path, *points: dict) -> Path:
 
 
 def test_ssa_h_on_two_nodes_and_pretraining_on_two_processes_through_the_batch_runner(
-        tmp_path):
+        tmp_path, comparable):
     """Two batches of one process each meet as two nodes (a c10d rendezvous on localhost, what
     --nodes does across machines) and run SSA-H; beside them one batch with --processes 2 runs
-    masked-LM pretraining (lr ~0 there: the same weights on both ranks, so the held-out loss
-    summed over both ranks' slices equals one process's). Both compared with one process."""
+    the same SSA-H point and masked-LM pretraining (lr ~0 there: the same weights on both ranks,
+    so the held-out loss summed over both ranks' slices equals one process's). Both compared with
+    one process; the two SSA-H runs with each other, bit for bit: the same world of two ranks
+    (the same dropout streams, the same gloo reductions in the same order), whichever node a
+    rank runs on."""
     one = fit(RunConfig(**SSA, outputs_dir=str(tmp_path / "one")))
     one_mlm = fit(RunConfig(**MLM, outputs_dir=str(tmp_path / "one")))
     nodes_out, out = tmp_path / "nodes", tmp_path / "two"
@@ -87,12 +97,12 @@ def test_ssa_h_on_two_nodes_and_pretraining_on_two_processes_through_the_batch_r
                                f"localhost:{29500 + os.getpid() % 500}"], cwd=REPO, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
-    mlm_profile = profile_of(tmp_path / "mlm" / "ddp.yaml", MLM)     # the same profile name
-    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(mlm_profile), "--outputs",
+    both = profile_of(tmp_path / "both" / "ddp.yaml", SSA, MLM)     # the same profile name
+    proc = subprocess.run([sys.executable, "-m", "kit.batch", str(both), "--outputs",
                            str(out), "--processes", "2", "--no-report"], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 ok, 0 skipped, 0 failed" in proc.stdout
+    assert "2 ok, 0 skipped, 0 failed" in proc.stdout
     for node in nodes:
         log = node.communicate(timeout=600)[0]
         assert node.returncode == 0 and "1 ok, 0 skipped, 0 failed" in log, log[-3000:]
@@ -116,6 +126,14 @@ def test_ssa_h_on_two_nodes_and_pretraining_on_two_processes_through_the_batch_r
     dev_rows = (run / "predictions" / "dev.tsv").read_text().splitlines()
     assert len(dev_rows) - 1 == 40 and len({r.split("\t")[0] for r in dev_rows[1:]}) == 40
     assert abs(two["best_dev"]["accuracy"] - one["best_dev"]["accuracy"]) <= DEV_TOLERANCE
+    # two nodes of one process and one node of two: the same run, bit for bit
+    processes = run_dir_of(RunConfig(**SSA, outputs_dir=str(out.resolve()), profile="ddp"))
+    same_node = json.loads((processes / "metrics.json").read_text())
+    assert same_node["processes"] == 2
+    assert comparable(same_node) == comparable(two)
+    assert _losses(processes) == _losses(run)
+    assert (processes / "predictions" / "dev.tsv").read_bytes() == \
+        (run / "predictions" / "dev.tsv").read_bytes()
     # pretraining: the global counts and the held-out loss of one process
     mlm = json.loads((run_dir_of(RunConfig(**MLM, outputs_dir=str(out.resolve()), profile="ddp"))
                       / "metrics.json").read_text())
