@@ -36,6 +36,7 @@ from kit import io as kio
 from kit import runs
 from kit.config.paths import outputs_root
 from kit.config.tasks import GLUE_TASKS, get_task
+from kit.runs import predictions_dir
 
 # (task, test split) -> the file name the GLUE server expects.
 SUBMISSION_FILES = {
@@ -162,11 +163,12 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
                 f"configuration per task first (kit.results.selection.select_runs)")
         files, rows = {}, []
         for _, run in group.iterrows():
-            predictions = Path(run["run_dir"]) / "predictions"
+            run_dir = Path(run["run_dir"])
             for (task_name, split), name in SUBMISSION_FILES.items():
                 # a multi-task run (one row per task) keeps each task's files in a subfolder
-                path = next((p for p in (predictions / task_name / f"{split}.tsv",
-                                         predictions / f"{split}.tsv") if p.exists()), None)
+                path = next((p for p in (predictions_dir(run_dir, task_name) / f"{split}.tsv",
+                                         predictions_dir(run_dir) / f"{split}.tsv")
+                             if p.exists()), None)
                 if task_name != run["glue_task"] or path is None:
                     continue
                 frame = read_test_predictions(path, task_name)
