@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -35,9 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 # each trains a tiny model: started first, they take longest
 TRAINING = ["finetune", "kaggle_csv", "pretrain", "multitask"]
-# each shows the runs present (the slowest first); all but compare (the runs started last,
-# whatever their profile) choose a profile by themselves: the smoke profile's, made before
+# each shows the runs present (the slowest first); all but compare choose a profile by
+# themselves: the smoke profile's, made before. compare shows the 4 runs started last, whatever
+# their profile: it runs first, alone, so those are the smoke runs, not a training notebook's
 FROM_RUNS = ["case_study", "mechanism", "results", "label_quality", "gamma", "cost", "compare"]
+# the smoke profile's methods (params/smoke.yaml), one run each: the rows compare shows
+SMOKE_METHODS = ["bert", "bert-mask", "ssa-co", "ssa-h"]
 # what each notebook must show besides "no error": at least so many decoded images, and
 # HTML blocks (jupyterlab_driver.BLOCKS: the live epoch table, the token view)
 SHOWS = {"finetune": {"images": 1, "epochs": 1, "tokens": 1},
@@ -80,15 +84,29 @@ def _smoke_runs(outputs: Path, made: set) -> None:
     made.update(d.name for d in runs.runs_root(outputs).iterdir())
 
 
+def _table_rows(nb: dict) -> list[tuple[str, ...]]:
+    """The first three cells of each row of the HTML tables the notebook displays (pandas'
+    to_html: an index <th>, then <td>s), in order."""
+    html = "".join("".join(o["data"]["text/html"]) for cell in nb["cells"]
+                   for o in cell.get("outputs", []) if "text/html" in o.get("data", {}))
+    return re.findall(r"<tr>\s*<th>\d+</th>\s*<td>([^<]*)</td>\s*<td>([^<]*)</td>\s*"
+                      r"<td>([^<]*)</td>", html)
+
+
 def _run_all(lab: Lab) -> None:
     """Open every notebook and wait for its kernel (the browser's and the kernel starts' share
-    of the work: before the runs compete for the cores), then Run > Run All Cells in each, the
-    training ones first (they take longest); all run side by side."""
+    of the work: before the runs compete for the cores); Run > Run All Cells in compare, alone,
+    until it is done (what it reads, the runs started last, is then the smoke runs and nothing
+    a training notebook is writing), then in each of the others, the training ones first (they
+    take longest); those run side by side."""
     for name in TRAINING + FROM_RUNS:
         lab.open(name)
     lab.wait_idle()
+    lab.run_all("compare")
+    lab.wait_done("compare", time.monotonic() + DEADLINE_S)
     for name in TRAINING + FROM_RUNS:
-        lab.run_all(name)
+        if name != "compare":
+            lab.run_all(name)
 
 
 def _look(lab: Lab, name: str, deadline: float, tmp_path: Path) -> dict:
@@ -96,7 +114,7 @@ def _look(lab: Lab, name: str, deadline: float, tmp_path: Path) -> dict:
     its tab closed without saving."""
     nb = lab.wait_done(name, deadline)
     seen = {**lab.shown(name), "errors": errors(nb), "stderr": stream_text(nb, "stderr"),
-            "stdout": stream_text(nb, "stdout")}
+            "stdout": stream_text(nb, "stdout"), "table": _table_rows(nb)}
     # its screenshot: the training cell at the top (its bar, live table and what follows), else
     # the first figure's cell at the bottom (what leads to it above); the token view's too
     shots = [("", f".{BLOCKS['epochs']}", "start") if seen["epochs"] else
@@ -160,6 +178,11 @@ def test_every_notebook_runs_in_jupyterlab(tmp_path, request):
     # the results and figure notebooks chose the smoke runs by themselves, and said so
     for name in FROM_RUNS[:-1]:
         assert seen[name]["stdout"].startswith('profile = "smoke": '), name
+    # compare, run before any training notebook, shows the 4 smoke runs: a row per method
+    assert seen["compare"]["table"] == [("synthetic", "tiny", m) for m in SMOKE_METHODS]
+    assert seen["compare"]["stdout"].startswith(
+        "one run in bert (synthetic), bert-mask (synthetic), ssa-co (synthetic), ssa-h "
+        "(synthetic): no std"), seen["compare"]["stdout"]
     assert all(view["asked to save"] for view in seen.values())       # closed with Discard
     # every training notebook's run finished, in the temporary outputs folder
     trained = {d.name: runs.read_metrics(d) for d in runs.runs_root(outputs).iterdir()
