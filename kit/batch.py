@@ -1,26 +1,28 @@
 """Run a profile: a YAML grid of notebook parameters, one papermill-executed notebook per point.
 
     python -m kit.batch PROFILE [--shard i/n] [--outputs DIR] [--no-report | --report-only]
-        [--processes N] [--signal-grace S] [--lock-wait S]
+        [--processes N | --per-device K] [--signal-grace S] [--lock-wait S]
 
 First a pre-flight, before any notebook kernel starts: the profile, every point's config and
 every task's data files are checked, so a typo or a bad file stops the batch in seconds with
 one line. Then the points run one after another in one warm kernel (kit.kernels: imports paid
-once, namespace cleared between points; --fresh-kernels: one kernel per point); training
-progress is streamed to this terminal as plain lines. Finished runs (metrics.json status ok)
-are skipped, so a rerun retries only failed and missing ones; a failed run is recorded and the
-batch goes on; a lock per run keeps two batches from running one config twice (a point another
-batch holds is waited for at the end, up to --lock-wait). At the end kit.results.profile_outputs
-writes the tables and figures, then a summary line and, in the same kernel, the report
-(kit.results.page; --no-report or `report: false`: none; a shard builds it only when the whole
-grid has finished); --report-only rebuilds tables, figures and report from the runs present.
+once, namespace cleared between points; --fresh-kernels: one kernel per point; --per-device K:
+K points at once, each in a kernel of its own, a chain's points one after another:
+kit.cluster.pool); training progress is streamed to this terminal as plain lines. Finished
+runs (metrics.json status ok) are skipped, so a rerun retries only failed and missing ones; a
+failed run is recorded and the batch goes on; a lock per run keeps two batches from running one
+config twice (a point another batch holds is waited for at the end, up to --lock-wait). At the
+end kit.results.profile_outputs writes the tables and figures, then a summary line and, in the
+same kernel, the report (kit.results.page; --no-report or `report: false`: none; a shard builds
+it only when the whole grid has finished); --report-only rebuilds tables, figures and report
+from the runs present.
 A point's failure is its own: a kernel that cannot start fails that point, and a cell that
 raises after fit() has finished its run makes the point `notebook failed` (the run is kept,
 never rerun; only a signal's cut of those cells stays silent). kit.cluster holds the parts:
-one point (point), its kernel (kernels), the signals (signals), the grid's records and lines
-(grid). Exit status: 0 all ok, 1 a run failed (or a finished run's notebook failed, or another
-batch still holds a point), 2 bad input, 75 stopped by a signal (rerun to resume), 3 stopped
-where a rerun would get no further.
+one point (point), its kernel (kernels), the signals (signals), the points one or K at once
+(pool), the grid's records and lines (grid). Exit status: 0 all ok, 1 a run failed (or a
+finished run's notebook failed, or another batch still holds a point), 2 bad input, 75 stopped
+by a signal (rerun to resume), 3 stopped where a rerun would get no further.
 """
 from __future__ import annotations
 
@@ -29,79 +31,53 @@ import functools
 import sys
 import time
 
-from kit.cluster import grid
+from kit.cluster import grid, pool
 from kit.cluster.grid import resume_first
 from kit.cluster.kernels import Kernels, prepare_kernels
-from kit.cluster.point import NOTEBOOK_FAILED, execute, failure_reason
+from kit.cluster.point import NOTEBOOK_FAILED, execute, failure_reason  # noqa: F401 (kit.run)
 from kit.cluster.signals import DEFAULT_GRACE_S, forwarding_signals  # (kit.run uses it)
 from kit.config.grids import point_label, shard_points  # noqa: F401 (bench/profile_wall.py)
 from kit.config.paths import outputs_root
-from kit.config.run_config import ConfigError, RunConfig
+from kit.config.run_config import ConfigError
 from kit.models.backbones import ModelError
 from kit.results import profile_outputs
 from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
 from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.data.readers import DataError
-from kit.runs import finished_metrics
 
-LOCK_WAIT_S, LOCK_POLL_S = 600, 2.0     # a batch waits at its end for points another holds
+LOCK_WAIT_S = 600       # a batch waits at its end for points another holds
 
 
 def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
                 processes: int = 1, fresh_kernels: bool = False, report: bool = True,
                 nodes: int = 1, rdzv: str = "", grace_s: int = DEFAULT_GRACE_S,
-                lock_wait_s: float = LOCK_WAIT_S) -> int:
+                lock_wait_s: float = LOCK_WAIT_S, per_device: int | None = None) -> int:
     prepare_kernels()
     profile = load_profile(name, outputs_dir)
+    per_device = per_device or profile.per_device
     # a shard takes whole chains: a point that reads another point's output runs after it, here
     points = resume_first(shard_points(profile.points, shard_spec))
     steps = {p: (r.get("preempted") or {}).get("step") for p, r in grid.records(points).items()}
     started = time.perf_counter()
     absent = preflight(profile, points)
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
-          f"{time.perf_counter() - started:.1f}s", flush=True)
-    counts = dict.fromkeys(grid.OUTCOMES, 0)
-    started, ran, deadline, held, notebooks = time.perf_counter(), 0, None, [], []
-    pending = list(enumerate(points, 1))
+          f"{time.perf_counter() - started:.1f}s"
+          f"{f', {per_device} at once' if per_device > 1 else ''}", flush=True)
+    run = lambda point, kernels: execute(profile, point, processes, kernels, nodes,  # noqa: E731
+                                         rdzv, grace_s)
+    points_run = pool.Batch(profile, points, absent, run)
     with Kernels(fresh=fresh_kernels) as kernels, forwarding_signals() as signals:
-        while pending:                 # a second round and on: the points another batch held
-            held = []
-            for i, point in pending:
-                if signals.received:          # a scheduler wants the node back: no new point
-                    return grid.stopped(profile, signals.received, points, counts, steps)
-                cfg = RunConfig.from_dict(point)
-                head = f"[{i}/{len(points)}] {point_label(cfg.to_dict())}"
-                t0 = time.perf_counter()
-                if cfg.run_id in absent:
-                    status, detail = "absent", absent[cfg.run_id]
-                else:
-                    if finished_metrics(cfg) is None and deadline is None:
-                        print(f"{head}: started", flush=True)
-                    status, detail = execute(profile, point, processes, kernels, nodes, rdzv,
-                                             grace_s)
-                if status == "held":
-                    held.append((i, point))
-                    if deadline is None:
-                        print(f"{head}: held ({detail}): waited for at the end", flush=True)
-                    continue
-                counts[status] += 1
-                ran += status in grid.TRAINED
-                notebooks += [cfg] if status == NOTEBOOK_FAILED else []
-                print(f"{head}: {status}{f' ({detail})' if detail else ''} "
-                      f"{time.perf_counter() - t0:.0f}s{grid.eta(started, ran, len(points) - i)}",
-                      flush=True)
-                if status in ("preempted", "stopped"):
-                    return grid.stopped(profile, signals.received, points, counts, steps, cfg)
-            deadline = deadline or time.monotonic() + lock_wait_s
-            pending = held if held and time.monotonic() < deadline else []
-            time.sleep(max(0.0, min(LOCK_POLL_S, deadline - time.monotonic())) if pending else 0)
+        if not pool.run_all(points_run, kernels, per_device, fresh_kernels, lock_wait_s):
+            return grid.stopped(profile, signals.received, points, points_run.counts, steps,
+                                points_run.stopped)
+        counts, held = points_run.counts, points_run.held
         # inside the block: the report's notebooks run in the points' warm kernel
         profile_outputs.write(profile, outputs_dir, show=True)
-        print(grid.summary(profile, counts, started), flush=True)
+        print(grid.summary(profile, counts, points_run.started), flush=True)
         if held:
             print(grid.held_line(profile, [p for _, p in held], lock_wait_s), flush=True)
-        if notebooks:
-            print(grid.notebooks_line(profile, notebooks), flush=True)
+        if points_run.notebooks:
+            print(grid.notebooks_line(profile, points_run.notebooks), flush=True)
         if report and profile.report:
             print(_report(profile, outputs_dir, kernels, counts, shard_spec, signals.received),
                   flush=True)
@@ -165,9 +141,18 @@ def main(argv: list[str] | None = None) -> int:
                              f"a signal (default {DEFAULT_GRACE_S})")
     parser.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S, metavar="S", help="wait "
                         f"up to S s for points another batch holds (default {LOCK_WAIT_S})")
+    parser.add_argument("--per-device", type=int, metavar="K", help="run K points at once, "
+                        "each in a kernel of its own with cores / K torch threads, sharing the "
+                        "device (a GPU, or the CPU); a chain's points still one after another "
+                        "(default: the profile's per_device, else 1)")
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be >= 1")
+    if args.per_device is not None and args.per_device < 1:
+        parser.error("--per-device must be >= 1")
+    if (args.per_device or 1) > 1 and (args.processes > 1 or args.nodes > 1):
+        parser.error("--per-device K > 1 runs several points on one device; --processes and "
+                     "--nodes run one point on several: choose one")
     if args.nodes < 1 or (args.nodes > 1) != bool(args.rdzv):
         parser.error("--nodes N > 1 needs --rdzv HOST:PORT (and --rdzv needs --nodes > 1)")
     try:
@@ -175,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             return report_only(args.profile, args.outputs)
         return run_profile(args.profile, args.shard, args.outputs, args.processes,
                            args.fresh_kernels, report=not args.no_report, nodes=args.nodes,
-                           rdzv=args.rdzv, grace_s=args.signal_grace, lock_wait_s=args.lock_wait)
+                           rdzv=args.rdzv, grace_s=args.signal_grace, lock_wait_s=args.lock_wait,
+                           per_device=args.per_device)
     except (ConfigError, DataError, ModelError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -85,13 +85,23 @@ def exit_status(counts: dict[str, int], held: list) -> int:
 
 
 def stopped(profile: Profile, received: str | None, points: list[dict], counts: dict,
-            steps: dict, stopped_cfg: RunConfig | None = None) -> int:
+            steps: dict, stopped_cfgs: list[RunConfig] = ()) -> int:
     """One line on what a signal left undone, and the exit status: PREEMPTED_EXIT, on which a
-    job script requeues, or STUCK_EXIT where a rerun would get no further (grids.stuck)."""
-    run_id = stopped_cfg and stopped_cfg.run_id
-    record = records([stopped_cfg.to_dict()]).get(run_id, {}) if counts["preempted"] else {}
-    why = grids.stuck(run_id, record.get("preempted") or {}, steps.get(run_id),
-                      sum(counts[s] for s in TRAINED))
+    job script requeues, or STUCK_EXIT where a rerun would get no further (grids.stuck): a
+    stopped run (of `stopped_cfgs`, the points the signal stopped: one, or K at once) that
+    trained without a checkpoint, or no progress in any of them."""
+    finished = sum(counts[s] for s in TRAINED)
+    found = records([cfg.to_dict() for cfg in stopped_cfgs]) if counts["preempted"] else {}
+    wheres = {cfg.run_id: found.get(cfg.run_id, {}).get("preempted") or {}
+              for cfg in stopped_cfgs}
+    reasons = ({run_id: grids.stuck(run_id, where, steps.get(run_id), finished)
+                for run_id, where in wheres.items()}
+               or {None: grids.stuck(None, {}, None, finished)})
+    # a run that trained without a checkpoint starts over whatever the others did; otherwise
+    # the batch is stuck only when none of its stopped runs got further
+    lost = [reasons[k] for k, where in wheres.items()
+            if where.get("step") and where.get("checkpoint") is None]
+    why = lost[0] if lost else None if None in reasons.values() else next(iter(reasons.values()))
     head, done = (f"profile {profile.name}: stopped by {received or 'a signal'}: ",
                   f"{counts['ok']} ok, {counts['failed']} failed")
     unfinished_now = sum(finished_metrics(RunConfig.from_dict(p)) is None for p in points)

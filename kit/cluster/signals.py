@@ -2,8 +2,8 @@
 
 The rule, for SIGTERM, SIGUSR1 and SIGINT (Ctrl-C) alike - kit.train.preemption.SIGNALS, their
 one list: a batch (or kit.run) notes the first, starts no new point, and passes that same signal
-on to the point that runs (`Forwarder`), again every RESEND_S, until the point's run has
-recorded how it ended. In the point's notebook kernel each of them does nothing but while fit()
+on to the point that runs (each of them, K at once with --per-device: `Forwarder`), again
+every RESEND_S, until the point's run has recorded how it ended. In the point's notebook kernel each of them does nothing but while fit()
 runs (`ARM`), so a signal that lands in a cell before fit() - Ctrl-C too - cuts no cell and
 reaches fit(), which stops after its step with a checkpoint (status preempted, exit 75); one
 that comes after fit() has recorded a finished run is not passed on, and the notebook's last
@@ -13,6 +13,7 @@ has the cases.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import threading
 from collections.abc import Callable
@@ -57,16 +58,17 @@ class _Point:
 class Forwarder:
     """The batch's side of a preemption (kit.train.preemption has the run's). The first of
     SIGNALS is noted (`received`: the batch starts no new point) and passed on, as that signal,
-    to the point that runs. The handler only notes it; a thread passes it on, and again every
-    RESEND_S, until the point's run has recorded its end: one that reaches a kernel between two
-    cells or in the cells before fit() (which ignore SIGNALS: ARM) gets to fit() as soon as it
-    runs, and one that lands after fit() has recorded a finished run is not passed on (the
-    notebook's last cells run to their end). torchrun gets it once. The batch itself checks
+    to every point that runs (one, or K with --per-device: kit.cluster.pool). The handler only
+    notes it; a thread passes it on, and again every RESEND_S, until each point's run has
+    recorded its end: one that reaches a kernel between two cells or in the cells before fit()
+    (which ignore SIGNALS: ARM) gets to fit() as soon as it runs, and one that lands after fit()
+    has recorded a finished run is not passed on (the notebook's last cells run to their end). torchrun gets it once. The batch itself checks
     `received` before a point and once its kernel is ready (kit.batch)."""
 
     def __init__(self):
         self.received: str | None = None
-        self._point: _Point | None = None
+        self._points: dict[int, _Point] = {}        # the running points, by their block
+        self._keys = itertools.count()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -77,12 +79,14 @@ class Forwarder:
     @contextlib.contextmanager
     def point(self, send: Callable[[str], None], settled: Callable[[], bool] = lambda: False,
               once: bool = False):
-        """A point runs in the block: signals go to `send` (see _Point)."""
-        self._point = _Point(send, settled, once)
+        """A point runs in the block: signals go to `send` (see _Point). Blocks of several
+        threads may be open at once (K points at once)."""
+        key = next(self._keys)
+        self._points[key] = _Point(send, settled, once)
         try:
             yield
         finally:
-            self._point = None
+            self._points.pop(key, None)
 
     def _pass_on(self) -> None:
         while self._thread is not None:
@@ -90,14 +94,14 @@ class Forwarder:
             # holding the GIL, slow the batch's own work) for the rest of the process
             if self._wake.wait(RESEND_S):
                 self._wake.clear()
-            point = self._point
-            if self.received and point and not point.sent and not point.settled():
-                with contextlib.suppress(OSError):
-                    point.send(self.received)
-                point.sent = point.once
+            for point in list(self._points.values()):
+                if self.received and not point.sent and not point.settled():
+                    with contextlib.suppress(OSError):
+                        point.send(self.received)
+                    point.sent = point.once
 
     def __enter__(self) -> Forwarder:
-        self.received, self._point = None, None
+        self.received, self._points = None, {}
         self._wake.clear()
         self._thread = threading.Thread(target=self._pass_on, name="ssa-kit signals", daemon=True)
         self._thread.start()

@@ -8,6 +8,8 @@
                                 label-quality, cost, gamma; kit.results.profile_outputs)
     report: false               no HTML report after the batch (default true: kit.results.page
                                 writes outputs/reports/<profile>/index.html)
+    per_device: 2               points run at once on the device (kit.batch --per-device, which
+                                overrides it; default 1: one after another)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
     task_overrides: {RTE: {lr: 2.0e-5}}
 
@@ -36,7 +38,7 @@ from kit.config.tasks import canonical_task_name
 
 REPO = PROJECT                      # the project folder (kit.config.paths)
 PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
-                "figures", "report"}
+                "figures", "report", "per_device"}
 # the figure kinds a profile's `figures:` may name, listed once: kit.results.profile_outputs
 # draws each, kit.results.page shows each one's notebook (tests/test_views.py checks both)
 FIGURES = ("label-quality", "cost", "gamma")
@@ -73,6 +75,7 @@ class Profile:
     skip_missing_tasks: bool
     figures: tuple[str, ...] = ()
     report: bool = True                # the HTML report after the batch (kit.results.page)
+    per_device: int = 1                # points at once on the device (kit.cluster.pool)
 
     def notebook_for(self, cfg: RunConfig) -> Path:
         return self.notebook or point_notebook(cfg)
@@ -186,8 +189,11 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
     report = spec.get("report", True)
     if not isinstance(report, bool):
         raise ConfigError(f"{path}: `report` must be true or false, got {report!r}")
+    per_device = spec.get("per_device", 1)
+    if isinstance(per_device, bool) or not isinstance(per_device, int) or per_device < 1:
+        raise ConfigError(f"{path}: `per_device` must be a whole number >= 1, got {per_device!r}")
     return Profile(path.stem, path, notebook, points, bool(spec.get("skip_missing_tasks", False)),
-                   figures, report)
+                   figures, report, per_device)
 
 
 def shard(points: list, spec: str | None) -> list:
