@@ -168,3 +168,24 @@ def test_backbone_without_layer_stack_trains_with_one_lr():
     for kwargs in ({"layer_decay": 0.9}, {"freeze_layers": 1}):
         with pytest.raises(ValueError, match="Sequential: no layer stack found"):
             parameter_groups(NoStack(), LR, WD, **kwargs)
+
+
+def test_a_checkpoint_of_the_per_layer_groups_is_refused_in_one_line(tmp_path, monkeypatch,
+                                                                      one_thread):
+    """A run killed after epoch 0 by a kit that kept one group per depth (merged_groups taken
+    away), resumed by this kit's 2 merged groups: one CheckpointError naming the checkpoint
+    folder and both ways on, not torch's ValueError read as a corrupt checkpoint."""
+    from kit.runs import checkpoint_dir, run_dir_of
+    from kit.train import loop
+    from kit.train.finetune import CheckpointError, fit
+    from tests.test_faults import killed_after_epoch_0
+    monkeypatch.setattr(loop, "merged_groups", lambda groups: groups)    # the older kit
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)                    # (undoes both)
+    folder = checkpoint_dir(run_dir_of(cfg))
+    with pytest.raises(CheckpointError) as err:
+        fit(cfg)
+    assert str(err.value) == (
+        f"{folder} was written by another version of the kit: its optimizer state has 8 "
+        "parameter group(s), this kit's optimizer 2 (kit.train.optim merges the groups of equal "
+        "settings, which older kits kept one per layer): finish the run with the kit version "
+        "that started it, or delete that folder to restart the run from scratch")

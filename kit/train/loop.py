@@ -33,7 +33,8 @@ from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_m
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import Examples
 from kit.data.tensors import collate
-from kit.train.optim import LinearSchedule, merged_groups, parameter_groups
+from kit.train.optim import (LinearSchedule, merged_groups, parameter_groups,
+                             refuse_other_groups)
 from kit.config.paths import kit_commit
 from kit.train.provenance import environment
 from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
@@ -97,6 +98,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     optimizer = torch.optim.AdamW(merged_groups(parameter_groups(
         job.model, cfg.lr, cfg.weight_decay, cfg.layer_decay, cfg.freeze_layers)),
         lr=cfg.lr, fused=True)
+    refuse_other_groups(optimizer, runs.checkpoint_dir(run_dir))   # an older kit's checkpoint
     job.trainable = {id(p) for p in job.model.parameters() if p.requires_grad}
     model, optimizer = accelerator.prepare(job.model, optimizer)
     unwrapped = accelerator.unwrap_model(model)

@@ -114,6 +114,25 @@ def merged_groups(groups: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
+def refuse_other_groups(optimizer, folder) -> None:
+    """Have `optimizer` refuse, in one line, a saved state of other parameter groups: a run's
+    checkpoint (`folder`) written by a kit that grouped them otherwise (before merged_groups:
+    one group per depth) cannot resume here. torch's own ValueError would read as a corrupt
+    checkpoint (kit.train.run_state); this says what happened and what to do."""
+    def check(opt, state: dict) -> None:
+        saved = [len(g["params"]) for g in state["param_groups"]]
+        here = [len(g["params"]) for g in opt.param_groups]
+        if saved != here:
+            from kit.train.run_state import CheckpointError
+            raise CheckpointError(
+                f"{folder} was written by another version of the kit: its optimizer state has "
+                f"{len(saved)} parameter group(s), this kit's optimizer {len(here)} (kit.train."
+                "optim merges the groups of equal settings, which older kits kept one per "
+                "layer): finish the run with the kit version that started it, or delete that "
+                "folder to restart the run from scratch")
+    optimizer.register_load_state_dict_pre_hook(check)
+
+
 def _depth_name(depth: int, top: int) -> str:
     return "embeddings" if depth == 0 else "top" if depth == top else f"layer{depth - 1}"
 
