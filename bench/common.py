@@ -64,7 +64,10 @@ def parse(parser: argparse.ArgumentParser, quick: dict) -> argparse.Namespace:
 # BERT-base / BERT-large sizes (BertConfig's defaults are BERT-base's)
 RANDOM_MODELS = {"bert-base-random": {},
                  "bert-large-random": {"hidden_size": 1024, "num_hidden_layers": 24,
-                                       "num_attention_heads": 16, "intermediate_size": 4096}}
+                                       "num_attention_heads": 16, "intermediate_size": 4096},
+                 # bench/gpu.sh --cpu-smoke: the harness end to end in seconds
+                 "bert-tiny-random": {"hidden_size": 32, "num_hidden_layers": 2,
+                                      "num_attention_heads": 2, "intermediate_size": 64}}
 
 
 def build_random_model(name: str) -> str:

@@ -1,4 +1,6 @@
-"""The benchmarks' own arithmetic: model FLOPs on real tokens and the matmul peak."""
+"""The benchmarks' own arithmetic: model FLOPs on real tokens and the matmul peak; bench/gpu.sh's
+Python parts end to end on a CPU."""
+import json
 import sys
 from pathlib import Path
 
@@ -131,3 +133,34 @@ def test_profile_wall_times_each_point_from_the_previous_result_line():
              (9.0, "profile p: 1 ok, 0 skipped, 1 failed\n")]
     assert profile_wall.point_spans(lines) == {"task=RTE method=bert seed=0 model=minilm": 6.5,
                                                "task=RTE method=ssa-h seed=0 model=minilm": 1.5}
+
+
+def test_the_gpu_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
+    """bench/gpu.sh --cpu-smoke's Python: a kit contender in its own process with the step probe
+    (steady rate, warm-up; syncs and kernels are CUDA's: None here), the Trainer's callback path
+    in this one, the grid's profile, the projection and both outputs; a contender that fails
+    is one row with its error, the rest goes on."""
+    import gpu_bench
+    import gpu_child
+    import gpu_grid
+    from kit.config.profiles import load_profile
+    got = gpu_bench.main(["--cpu-smoke", "--contenders", "kit,no-such", "--rounds", "1",
+                          "--grid-k", "", "--out", str(tmp_path)])
+    kit, bad = got["contenders"]
+    assert kit["steady_examples_per_s"] > 0 and kit["warmup_s"] is not None, kit
+    assert kit["syncs_per_train_step"] is None and kit["cpu_ops_per_step"] > 0
+    assert kit["useful_tflops"] > 0 and "exit 1" in bad["error"]
+    assert json.loads((tmp_path / "results.json").read_text())["contenders"][0]["contender"] == "kit"
+    assert "| kit | 0 |" in (tmp_path / "results.md").read_text()
+    trainer = gpu_child.run("trainer-grouped", {**got["settings"], "rows": 48})
+    assert trainer["steady_steps_per_s"] > 0 and trainer["syncs_per_eval_batch"] is None
+    profile = load_profile(str(gpu_grid.grid_profile(tmp_path, got["settings"]["model"], 32, 2,
+                                                     64)))
+    assert len(profile.points) == 4 and not profile.report
+    grids = [{"k": 1, "wall_s": 20.0, "points_ok": 4, "train_examples_per_s": 10.0,
+              "speedup_vs_k1": 1.0}, {"k": 2, "wall_s": 12.5, "speedup_vs_k1": 1.6}]
+    projected = gpu_bench.projection(got["settings"], got["contenders"], grids,
+                                     got["useful_flops_per_example"])
+    assert projected["label"] == "PROJECTION, not a measurement" and projected["points"] == 180
+    assert projected["hours_at_best_k"] == pytest.approx(projected["serial_hours"] / 1.6, abs=0.01)
+    assert projected["mean_tokens"]["QQP"]["source"] == "assumed"
