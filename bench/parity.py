@@ -7,8 +7,8 @@
     python bench/parity.py /tmp/dp --profile dropout-parity --factor dropout_rng
 
 Per task x method: best dev score mean ± std over seeds in each arm, Welch's p
-(kit.results.stats.welch_test), the mean paired difference; for SSA runs the label statistics of the
-probed epochs (flip rate, share of label 1); and the paired speed ratios (train examples/s,
+(kit.results.frame.stats.welch_test), the mean paired difference; for SSA runs the label statistics
+of the probed epochs (flip rate, share of label 1); and the paired speed ratios (train examples/s,
 label generation, evaluation) of the two arms of a point. Only runs with status ok count; a
 (task, method, seed) point counts only when both arms finished, so the means are paired.
 """
@@ -59,7 +59,7 @@ def mean_std(values) -> str:
 
 
 def summarize(points: dict, factor: str = "mixed_precision") -> list[dict]:
-    from kit.results.stats import welch_test
+    from kit.results.frame.stats import welch_test
     (a, la), (b, lb) = ARMS[factor].items()
     cells: dict = defaultdict(list)
     for (task, method, seed), runs in sorted(points.items()):

@@ -12,9 +12,9 @@ kit.cluster.pool); training progress is streamed to this terminal as plain lines
 runs (metrics.json status ok) are skipped, so a rerun retries only failed and missing ones; a
 failed run is recorded and the batch goes on; a lock per run keeps two batches from running one
 config twice (a point another batch holds is waited for at the end, up to --lock-wait). At the
-end kit.results.profile_outputs writes the tables and figures, then a summary line and, in the
-same kernel, the report (kit.results.page; --no-report or `report: false`: none; a shard builds
-it only when the whole grid has finished); --report-only rebuilds tables, figures and report
+end kit.results.report.profile_outputs writes the tables and figures, then a summary line and, in
+the same kernel, the report (kit.results.report.page; --no-report or `report: false`: none; a shard
+builds it only when the whole grid has finished); --report-only rebuilds tables, figures and report
 from the runs present.
 A point's failure is its own: a kernel that cannot start fails that point, and a cell that
 raises after fit() has finished its run makes the point `notebook failed` (the run is kept,
@@ -40,7 +40,7 @@ from kit.config.grids import point_label, shard_points  # noqa: F401 (bench/prof
 from kit.config.paths import outputs_root
 from kit.config.run_config import ConfigError
 from kit.models.backbones import ModelError
-from kit.results import profile_outputs
+from kit.results.report import profile_outputs
 from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
 from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
 from kit.data.readers import DataError
@@ -98,9 +98,9 @@ def _report(profile: Profile, outputs_dir: str, kernels: Kernels, counts: dict,
 
 def build_report(profile: Profile, outputs_dir: str, kernels: Kernels,
                  counts: dict[str, int] | None = None) -> str:
-    """The report's line: `report: outputs/reports/<profile>/index.html` (kit.results.page, its
-    notebooks in `kernels`), or `report: failed (why)`: the results and the exit status stay."""
-    from kit.results import page
+    """The report's line: `report: outputs/reports/<profile>/index.html` (kit.results.report.page,
+    its notebooks in `kernels`), or `report: failed (why)`: the results and the exit status stay."""
+    from kit.results.report import page
     try:
         execute = functools.partial(kernels.execute, stderr_file=None)
         return f"report: {page.build(profile, outputs_dir, execute, counts)}"

@@ -34,7 +34,7 @@ from kit.config.run_config import ConfigError, RunConfig, field_types
 from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.data.readers import DataError
-from kit.results.views import best_epoch_line
+from kit.results.views.views import best_epoch_line
 from kit.runs import finished_metrics, run_dir_of
 from kit.train.preemption import PREEMPTED_EXIT
 from kit.train.progress import reuse_line

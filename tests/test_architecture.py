@@ -176,7 +176,7 @@ def test_the_shape_of_kit():
     long = {str(p.relative_to(KIT)): n for p in KIT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > LINES_MAX}
     assert not long
-    for init in KIT.glob("*/__init__.py"):
+    for init in KIT.rglob("*/__init__.py"):                # kit.results' rooms too
         name, tree = module_name(init), ast.parse(init.read_text())
         assert ast.get_docstring(tree), name
         if name == OUTPUTS_OWNER:
@@ -184,6 +184,29 @@ def test_the_shape_of_kit():
                        for node in tree.body[1:]), f"{name}: its own modules' names only"
         elif name != "kit.methods":
             assert len(tree.body) == 1, f"{init.relative_to(KIT)}: a docstring only"
+
+
+# kit.results' rooms, by what the reader gets (kit/results/__init__.py): each imports only the
+# rooms before it here, so the flow is one-way: the frame feeds tables, figures draw from both,
+# the notebooks' views and the report sit on top.
+RESULTS_ROOMS = ("frame", "tables", "figures", "views", "report")
+
+
+def room(module: str) -> int | None:
+    parts = module.split(".")
+    return RESULTS_ROOMS.index(parts[2]) if parts[:2] == ["kit", "results"] and len(parts) > 2 \
+        and parts[2] in RESULTS_ROOMS else None
+
+
+def test_kit_results_is_in_rooms_that_import_one_way():
+    modules = [m for m in graph() if m.startswith("kit.results.")]
+    assert modules and all(room(m) is not None for m in modules), \
+        f"put each module of kit.results in a room (RESULTS_ROOMS): {modules}"
+    assert {p.name for p in (KIT / "results").iterdir() if p.suffix == ".py"} == {"__init__.py"}
+    upward = [f"{module} imports {other}" for module, imported in graph().items()
+              if room(module) is not None for other in imported
+              if room(other) is not None and room(other) > room(module)]
+    assert not upward
 
 
 def test_a_run_stops_on_signals_and_exits_with_a_status_of_one_home():
@@ -241,7 +264,7 @@ def test_a_precision_is_named_in_one_place(monkeypatch):
     PRECISION_NAMES: the report's header and a checkpoint's hardware line both read it."""
     import re
     from kit.config import rules
-    from kit.results import page_header
+    from kit.results.report import page_header
     spelled = [path for path in sorted(KIT.rglob("*.py"))
                if re.search(r"""["']no["']\s*:\s*["']fp32["']""", path.read_text())]
     assert spelled == [KIT / "config" / "rules.py"]

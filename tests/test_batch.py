@@ -712,7 +712,7 @@ def test_ctrl_c_in_a_cell_before_fit_reaches_fit_as_the_other_signals_do(
 def test_a_corrupt_record_reads_as_none_wherever_only_the_runs_end_is_asked(tmp_path):
     """One helper (kit.runs.readable_metrics) for every reader that asks how a run ended and
     tolerates a corrupt metrics.json: it is no finished run, no record of the grid, a point the
-    grid has left, and tables name the file (kit.results.collect)."""
+    grid has left, and tables name the file (kit.results.frame.collect)."""
     from kit import runs
     from kit.cluster import grid
     point = batch.load_profile(str(tiny_profile(tmp_path)), str(tmp_path / "out")).points[0]

@@ -1,5 +1,6 @@
-"""kit.results.collect, kit.results.selection, kit.results.writers and kit.results.tables on hand-made run folders, and the
-paper's numbers against the paper's text."""
+"""kit.results.frame.collect, kit.results.tables.selection, kit.results.tables.writers and
+kit.results.tables.tables on hand-made run folders, and the paper's numbers against the paper's
+text."""
 import json
 import os
 import re
@@ -11,13 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit.results.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
-from kit.results.collect import load_runs
-from kit.results.selection import select_by_best_dev, select_by_three_subsets
-from kit.results.paper_table import paper_table
-from kit.results.stats import significance_mark, welch_test
-from kit.results.tables import budget_view, comparisons, epoch_table, runs_table, summary_table
-from kit.results.writers import write_tables
+from kit.results.tables.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
+from kit.results.frame.collect import load_runs
+from kit.results.tables.selection import select_by_best_dev, select_by_three_subsets
+from kit.results.tables.paper_table import paper_table
+from kit.results.frame.stats import significance_mark, welch_test
+from kit.results.tables.tables import (budget_view, comparisons, epoch_table, runs_table,
+                                       summary_table)
+from kit.results.tables.writers import write_tables
 
 # The paper's table rows, copied verbatim from its text into the project (tests read nothing
 # outside the clone).
@@ -132,9 +134,9 @@ def test_tables_and_the_batch_process_never_import_torch():
     for a data-parallel point, a failure recorded outside a kernel: torch then): 2-3 s of CPU
     saved at every start on a 2-core AVX2 CPU. In a fresh interpreter: this test session may
     have imported torch for other tests."""
-    code = ("import sys, kit.results.collect, kit.results.selection, kit.results.fold_tables, "
-            "kit.results.table_sets, kit.results.writers, kit.results.figure_data, "
-            "kit.results.token_view, kit.results.token_html, kit.results.model_view, kit.batch, "
+    code = ("import sys, kit.results.frame.collect, kit.results.tables.selection, kit.results.tables.fold_tables, "
+            "kit.results.tables.table_sets, kit.results.tables.writers, kit.results.figures.figure_data, "
+            "kit.results.figures.token_view, kit.results.views.token_html, kit.results.views.model_view, kit.batch, "
             "kit.run, kit.slurm, kit.train.preflight; sys.exit(' '.join(sorted({'torch', "
             "'transformers', 'accelerate'} & set(sys.modules))) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

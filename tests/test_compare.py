@@ -1,5 +1,5 @@
-"""Comparing run folders by hand (kit.results.compare) on hand-made run folders: the groups, the
-means and stds over their runs, the test against the baseline with Holm's correction, the note
+"""Comparing run folders by hand (kit.results.tables.compare) on hand-made run folders: the groups,
+the means and stds over their runs, the test against the baseline with Holm's correction, the note
 on a group of one run."""
 import json
 import os
@@ -10,9 +10,9 @@ import pytest
 
 from kit import runs
 from kit.config.run_config import RunConfig
-from kit.results import stats
-from kit.results.collect import load_runs
-from kit.results.compare import compare_runs, differing_fields, latest_runs
+from kit.results.frame import stats
+from kit.results.frame.collect import load_runs
+from kit.results.tables.compare import compare_runs, differing_fields, latest_runs
 
 SCORES = {"bert": [0.80, 0.82, 0.84], "ssa-h": [0.85, 0.86, 0.90], "bert-mask": [0.70]}
 

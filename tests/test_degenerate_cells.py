@@ -4,8 +4,8 @@ and left out of every row's Avg, exactly as a three-seed constant cell is."""
 import pandas as pd
 import pytest
 
-from kit.results.paper_table import paper_table
-from kit.results.tables import comparisons, degenerate, summary_table
+from kit.results.tables.paper_table import paper_table
+from kit.results.tables.tables import comparisons, degenerate, summary_table
 
 GLUE_METRICS = {"CoLA": ("mcc",), "STS-B": ("pearson", "spearman"), "RTE": ("accuracy",),
                 "synthetic": ("accuracy",)}

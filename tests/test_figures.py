@@ -1,6 +1,6 @@
-"""kit.results.figure_data and kit.results.token_view.find_run on hand-made run folders (config.json,
-metrics.json, history.csv as the training loop writes them), and kit.results.figures' plots of those
-frames."""
+"""kit.results.figures.figure_data and kit.results.figures.token_view.find_run on hand-made run
+folders (config.json, metrics.json, history.csv as the training loop writes them), and
+kit.results.figures.figures' plots of those frames."""
 import json
 import math
 from pathlib import Path
@@ -12,8 +12,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from kit.results import figure_data, figures, token_view  # noqa: E402
-from kit.results.collect import load_runs  # noqa: E402
+from kit.results.figures import figure_data, figures, token_view  # noqa: E402
+from kit.results.frame.collect import load_runs  # noqa: E402
 
 
 def make_run(root: Path, run_id: str, task="SST-2", method="bert", seed=0, score=0.8,

@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 
 from kit import batch
-from kit.results import collect, fold_tables, table_sets, writers
+from kit.results.frame import collect
+from kit.results.tables import fold_tables, table_sets, writers
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import load_task_data
 from kit.data.readers import DataError
-from kit.results.paper_table import paper_table
-from kit.results.tables import summary_table
+from kit.results.tables.paper_table import paper_table
+from kit.results.tables.tables import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "tests" / "fixtures" / "stsb_pairs.csv"          # 200 real STS-B dev pairs
@@ -430,7 +431,7 @@ def make_submission_run(root: Path, fold: int, ids, preds, regression=True, stat
 
 
 def test_fold_submissions_average_regression_and_vote_classification(tmp_path):
-    from kit.results.submission import average_fold_submissions
+    from kit.results.tables.submission import average_fold_submissions
     ids = ["7", "03", "x"]
     runs = [make_submission_run(tmp_path / "r", f, ids, p) for f, p in
             enumerate([[1.0, 2.0, 4.0], [2.0, 2.5, 0.0], [3.0, 0.5, 2.0]])]
@@ -450,7 +451,7 @@ def test_fold_submissions_average_regression_and_vote_classification(tmp_path):
 
 
 def test_fold_submissions_with_other_ids_are_refused(tmp_path):
-    from kit.results.submission import SubmissionError, average_fold_submissions
+    from kit.results.tables.submission import SubmissionError, average_fold_submissions
     a = make_submission_run(tmp_path, 0, ["1", "2"], [1.0, 2.0])
     b = make_submission_run(tmp_path, 1, ["2", "1"], [1.0, 2.0])
     with pytest.raises(SubmissionError, match="f1/submission.csv: other ids"):
@@ -461,7 +462,7 @@ def test_fold_submissions_with_other_ids_are_refused(tmp_path):
 
 def test_k_fold_runs_with_a_test_file_average_into_one_submission(tmp_path):
     """Two real fold runs of a tiny model on the STS-B fixture, then the CommonLit average."""
-    from kit.results.submission import average_fold_submissions
+    from kit.results.tables.submission import average_fold_submissions
     from kit.train.finetune import fit, run_dir_of
     test = tmp_path / "test.csv"
     pd.read_csv(PAIRS).drop(columns="score").iloc[:12].to_csv(test, index=False)

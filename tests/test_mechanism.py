@@ -1,12 +1,13 @@
-"""The SSA mechanism benchmark's tables (kit.results.mechanism) on hand-made runs with known answers, and
-kit.runs' reader of the saved SSA labels. The notebook itself runs in test_paper_outputs."""
+"""The SSA mechanism benchmark's tables (kit.results.figures.mechanism) on hand-made runs with known
+answers, and kit.runs' reader of the saved SSA labels. The notebook itself runs in
+test_paper_outputs."""
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from kit.results import mechanism
+from kit.results.figures import mechanism
 from kit import runs
 from kit.data.pipeline import IGNORE, Examples
 from kit.methods.ssa import LabelStats

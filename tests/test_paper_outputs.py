@@ -10,9 +10,11 @@ import pytest
 import yaml
 
 from kit import batch
-from kit.results import collect, mechanism, selection, table_sets, writers
+from kit.results.frame import collect
+from kit.results.tables import selection, table_sets, writers
+from kit.results.figures import mechanism
 from kit.config.run_config import RunConfig
-from kit.results.paper_table import paper_table_for
+from kit.results.tables.paper_table import paper_table_for
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("results", "gamma", "cost", "case_study", "label_quality", "mechanism")
@@ -275,7 +277,7 @@ def test_paper_profiles_hold_the_papers_settings():
 def test_one_call_figures(outputs):
     import matplotlib
     matplotlib.use("Agg")
-    from kit.results import figures
+    from kit.results.figures import figures
     out = outputs["dir"]
     for fig in (figures.gamma_figure(out, outputs["gamma"]),
                 figures.cost_figure(out, "smoke", loss="loss_target"),

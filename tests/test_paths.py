@@ -2,7 +2,7 @@
 notebooks/ (where JupyterLab starts a kernel), the current folder elsewhere, $SSA_KIT_OUTPUTS for
 the default outputs folder; every reader and writer goes through that rule; a notebook papermill
 runs in a kernel started in notebooks/ writes where one started in the project folder does. Also
-the results notebooks' defaults (kit.results.notebook_defaults) on hand-made run folders."""
+the results notebooks' defaults (kit.results.views.notebook_defaults) on hand-made run folders."""
 import json
 import os
 import re
@@ -17,7 +17,8 @@ from kit.config import paths
 from kit.config.paths import PROJECT
 from kit.config.profiles import load_profile
 from kit.config.run_config import RunConfig
-from kit.results import notebook_defaults
+from kit.results.frame.no_runs import NoRuns
+from kit.results.views import notebook_defaults
 
 NOTEBOOKS = PROJECT / "notebooks"
 
@@ -69,7 +70,9 @@ def test_every_reader_and_writer_of_outputs_follows_the_rule(monkeypatch, tmp_pa
     import matplotlib.pyplot as plt
 
     from kit.data.token_cache import token_cache_dir
-    from kit.results import figures, page, writers
+    from kit.results.tables import writers
+    from kit.results.figures import figures
+    from kit.results.report import page
     monkeypatch.chdir(NOTEBOOKS)
     monkeypatch.setenv(paths.OUTPUTS_ENV, str(tmp_path))
     cfg = RunConfig(task="csv", csv_path="tests/fixtures/stsb_pairs.csv",
@@ -164,7 +167,7 @@ def _finished(out: Path, profile: str, method: str, mtime: float, checkpoint=Fal
 
 def test_the_default_profile_is_the_demo_else_the_newest(tmp_path, capsys):
     out = tmp_path / "out"
-    with pytest.raises(notebook_defaults.NoRuns) as info:
+    with pytest.raises(NoRuns) as info:
         notebook_defaults.pick_profile(str(out))
     assert str(info.value) == (f"no finished runs of a profile under {out / 'runs'}: "
                                "`./run_all.sh` makes them, then run this notebook again")
@@ -197,7 +200,7 @@ def test_each_figure_notebook_prefers_its_own_profile_then_the_demo_then_the_new
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith('profile = "gamma": the gamma profile\'s runs, this notebook\'s own')
     assert lines[2].startswith('profile = "demo": the main job\'s runs; none of case-study yet')
-    with pytest.raises(notebook_defaults.NoRuns, match="`./run_all.sh case-study` makes them"):
+    with pytest.raises(NoRuns, match="`./run_all.sh case-study` makes them"):
         pick(str(tmp_path / "empty"), "", "case_study")
     for notebook in NOTEBOOKS.glob("*.ipynb"):
         code = "".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"])
@@ -240,12 +243,12 @@ def test_a_figure_task_is_the_runs_one_task_else_synthetic(tmp_path, capsys):
     several = pd.DataFrame({"task": ["SST-2", "synthetic", "CoLA"], "status": ["ok"] * 3})
     assert notebook_defaults.pick_figure_task(several, "") == "synthetic"
     assert capsys.readouterr().out == 'task = "synthetic" (also: CoLA, SST-2)\n'
-    with pytest.raises(notebook_defaults.NoRuns):
+    with pytest.raises(NoRuns):
         notebook_defaults.pick_figure_task(frame.assign(status="failed"), "")
 
 
 def test_the_case_study_task_is_sst2_when_it_has_checkpoints(tmp_path, capsys):
-    from kit.results.collect import collect_runs
+    from kit.results.frame.collect import collect_runs
     out = tmp_path / "out"
     for method in ("bert", "ssa-h"):
         _finished(out, "smoke", method, 1000, checkpoint=True)          # synthetic
@@ -257,11 +260,11 @@ def test_the_case_study_task_is_sst2_when_it_has_checkpoints(tmp_path, capsys):
     assert notebook_defaults.pick_task(pd.concat([frame, sst2]), "", ["bert", "ssa-h"]) == "SST-2"
     assert capsys.readouterr().out == ('task = "SST-2": checkpointed runs of bert and ssa-h '
                                        "(also: synthetic)\n")
-    with pytest.raises(notebook_defaults.NoRuns, match="no task with checkpointed runs of bert "
+    with pytest.raises(NoRuns, match="no task with checkpointed runs of bert "
                                                        "and ssa-co"):
         notebook_defaults.pick_task(frame, "", ["bert", "ssa-co"])
     assert notebook_defaults.present_methods(frame, ["bert", "bert-mask", "ssa-h"], "cost") == \
         ["bert", "ssa-h"]
     assert capsys.readouterr().out == "cost: no finished runs of bert-mask here; shown without them\n"
-    with pytest.raises(notebook_defaults.NoRuns, match="no finished runs of ssa-co here"):
+    with pytest.raises(NoRuns, match="no finished runs of ssa-co here"):
         notebook_defaults.present_methods(frame, ["ssa-co"], "gamma figure")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from kit.config.run_config import RunConfig
-from kit.results import collect
+from kit.results.frame import collect
 from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
 from kit.train import loop, preemption
 from kit.train.finetune import fit

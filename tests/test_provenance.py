@@ -13,7 +13,9 @@ import torch
 from kit import batch, runs
 from kit.config import paths
 from kit.train import provenance
-from kit.results import collect, profile_outputs, table_sets, writers
+from kit.results.frame import collect
+from kit.results.tables import table_sets, writers
+from kit.results.report import profile_outputs
 from kit.config.run_config import RunConfig
 from kit.train.finetune import fit, run_dir_of
 
@@ -175,7 +177,7 @@ def test_the_notes_head_the_written_tables_once(tmp_path):
 
 
 def test_a_one_seed_profile_says_so_above_its_printed_and_written_tables(tmp_path, capsys):
-    """The demo's shape (two methods, seed 0) through kit.results.profile_outputs, with the
+    """The demo's shape (two methods, seed 0) through kit.results.report.profile_outputs, with the
     tiny model."""
     path = tmp_path / "one-seed.yaml"
     path.write_text("grid:\n  task: synthetic\n  model: tiny\n  method: [bert, ssa-h]\n"

@@ -1,5 +1,5 @@
-"""The report (kit.results.page): its header, links and self-containment on hand-made run folders
-(no kernel, no browser), the batch's wiring (its last line, `report: false`, --no-report, a
+"""The report (kit.results.report.page): its header, links and self-containment on hand-made run
+folders (no kernel, no browser), the batch's wiring (its last line, `report: false`, --no-report, a
 failed report), and the smoke profile's report opened from file:// in headless Chromium: the
 main table equals its CSV, every image decodes, no console error, no request leaves file://."""
 import base64
@@ -19,7 +19,8 @@ import yaml
 
 from kit import batch, runs
 from kit.config.run_config import ConfigError, RunConfig
-from kit.results import page, writers
+from kit.results.tables import writers
+from kit.results.report import page
 from jupyterlab_driver import browser_or_skip, chromium, new_page
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +295,7 @@ def _screenshot_for_the_docs(sync_playwright, smoke: Path) -> None:
 def test_a_finished_runs_failed_notebook_is_on_the_page(hand_made):
     """A run that finished ok but whose notebook failed after fit() (kit.batch: `notebook
     failed`): its row keeps status ok and says so in its error column, and a warning names it."""
-    from kit.results import page_header
+    from kit.results.report import page_header
     profile, out, cfgs = hand_made
     run_dir = runs.run_dir_of(cfgs["bert", 1])
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("fit(config)"),

@@ -1,5 +1,5 @@
-"""kit.results.stats: Welch's t-test, the permutation test, Holm-Bonferroni and the marks, against values
-worked out by hand."""
+"""kit.results.frame.stats: Welch's t-test, the permutation test, Holm-Bonferroni and the marks,
+against values worked out by hand."""
 import math
 
 import numpy as np
@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from kit.results.stats import holm, is_constant, permutation_test, significance_mark, welch_test
+from kit.results.frame.stats import (holm, is_constant, permutation_test, significance_mark,
+                                     welch_test)
 
 
 def test_welch_test_matches_the_formula():

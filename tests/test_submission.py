@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kit.results import submission
-from kit.results.collect import load_runs
-from kit.results.submission import GLUE_TEST_ROWS, SubmissionError, build_submissions
+from kit.results.tables import submission
+from kit.results.frame.collect import load_runs
+from kit.results.tables.submission import GLUE_TEST_ROWS, SubmissionError, build_submissions
 from kit.config.tasks import GLUE_TASKS, Split
 
 LABELS = {"RTE": ["entailment", "not_entailment"], "CoLA": ["0", "1"],

@@ -1,7 +1,7 @@
-"""The notebooks' views of one trained run: SSA on the tokens (kit.results.token_html: the saved
-labels, the checkpoint's P(important) and attention, as HTML, and the report's token section),
-the model's dev predictions (kit.results.model_view, through kit.predict), and the figure kinds
-listed once (kit.config.profiles.FIGURES). One tiny SSA-H run trained once for the module."""
+"""The notebooks' views of one trained run: SSA on the tokens (kit.results.views.token_html: the
+saved labels, the checkpoint's P(important) and attention, as HTML, and the report's token section),
+the model's dev predictions (kit.results.views.model_view, through kit.predict), and the figure
+kinds listed once (kit.config.profiles.FIGURES). One tiny SSA-H run trained once for the module."""
 import json
 import re
 from pathlib import Path
@@ -17,8 +17,10 @@ from kit.config.profiles import FIGURES, load_profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data import synthetic
 from kit.predict import predict
-from kit.results import figures, model_view, page, profile_outputs, token_html
-from kit.results.token_view import token_scores
+from kit.results.figures import figures
+from kit.results.views import model_view, token_html
+from kit.results.report import page, profile_outputs
+from kit.results.figures.token_view import token_scores
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -207,7 +209,7 @@ def test_a_gold_label_is_shown_one_way_in_every_view(tmp_path):
     assert model_view.confusion(frame).columns.tolist() == ["negative", "positive"]
     config = runs.read_config(run_dir)
     assert [token_html.label_text(config, y) for y in (0, 1)] == ["negative", "positive"]
-    from kit.results.token_view import label_name
+    from kit.results.figures.token_view import label_name
     sst2 = get_task("SST-2")
     assert [label_name(sst2, 1), label_name(sst2, "1"), label_name(sst2, np.int64(0))] == \
         ["positive", "positive", "negative"]
@@ -218,7 +220,7 @@ def test_the_best_epoch_is_said_in_one_line_everywhere(tmp_path):
     """The notebooks' summary line and the end of `python -m kit.run` say a finished run's best
     epoch in the same words (views.best_epoch_line)."""
     import kit.run
-    from kit.results import views
+    from kit.results.views import views
     cfg = RunConfig(task="synthetic", model="tiny", method="bert", outputs_dir=str(tmp_path))
     run_dir = runs.make_run_dir(cfg)
     metrics = {**runs.base_record(cfg), "status": "ok", "best_epoch": 1,

@@ -5,9 +5,9 @@
                                 notebook of its kind (`point_notebook`: pretrain, multitask ...)
     skip_missing_tasks: true    a GLUE task found nowhere is skipped with a line, not an error
     figures: [label-quality]    figures the batch draws after its tables (FIGURES:
-                                label-quality, cost, gamma; kit.results.profile_outputs)
-    report: false               no HTML report after the batch (default true: kit.results.page
-                                writes outputs/reports/<profile>/index.html)
+                                label-quality, cost, gamma; kit.results.report.profile_outputs)
+    report: false               no HTML report after the batch (default true:
+                                kit.results.report.page writes outputs/reports/<profile>/index.html)
     per_device: 2               points run at once on the device (kit.batch --per-device, which
                                 overrides it; default 1: one after another)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
@@ -39,8 +39,8 @@ from kit.config.tasks import canonical_task_name
 REPO = PROJECT                      # the project folder (kit.config.paths)
 PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
                 "figures", "report", "per_device"}
-# the figure kinds a profile's `figures:` may name, listed once: kit.results.profile_outputs
-# draws each, kit.results.page shows each one's notebook (tests/test_views.py checks both)
+# the figure kinds a profile's `figures:` may name, listed once: kit.results.report.profile_outputs
+# draws each, kit.results.report.page shows each one's notebook (tests/test_views.py checks both)
 FIGURES = ("label-quality", "cost", "gamma")
 
 
@@ -74,7 +74,7 @@ class Profile:
     points: list[dict]                 # notebook parameters per run
     skip_missing_tasks: bool
     figures: tuple[str, ...] = ()
-    report: bool = True                # the HTML report after the batch (kit.results.page)
+    report: bool = True                # the HTML report after the batch (kit.results.report.page)
     per_device: int = 1                # points at once on the device (kit.cluster.pool)
 
     def notebook_for(self, cfg: RunConfig) -> Path:
@@ -82,7 +82,7 @@ class Profile:
 
     def varying(self) -> list[str]:
         """The grid's axes with more than one value, in the order the points name them: what
-        the profile's tables group on (kit.results.table_sets.profile_tables)."""
+        the profile's tables group on (kit.results.tables.table_sets.profile_tables)."""
         keys = dict.fromkeys(k for p in self.points for k in p)
         return [k for k in keys
                 if len({json.dumps(p.get(k), sort_keys=True) for p in self.points}) > 1]

@@ -90,7 +90,7 @@ def read_config(run_dir: str | Path) -> dict | None:
 
 def read_metrics(run_dir: str | Path) -> dict | None:
     """The run's metrics.json, None while it runs (or was killed before the end); a corrupt one
-    is a one-line ValueError naming it (tables say so: kit.results.collect)."""
+    is a one-line ValueError naming it (tables say so: kit.results.frame.collect)."""
     path = metrics_path(run_dir)
     return read_json(path) if path.exists() else None
 

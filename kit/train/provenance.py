@@ -1,7 +1,8 @@
 """Where a result was made: the kit's commit, the library versions, the CPU (its class decides
 bf16 and speed), the GPU, threads and processes. Every run's metrics.json carries it
 (`environment`, written by kit.runs), `kit.doctor` prints it, the benchmarks head their numbers
-with it, and a table that mixes environments says so in one line (kit.results.collect.table_notes).
+with it, and a table that mixes environments says so in one line
+(kit.results.frame.collect.table_notes).
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 training cost (Fig. 6), SSA label quality on the synthetic task, the mechanism benchmark and
 the case study (Fig. 8); `save_figure` writes outputs/figures/<name>.png atomically.
 
-Each figure is a data function (kit.results.figure_data; the case study's kit.results.token_view,
-the only one that loads models), a plot function here (from that frame only) and a `<kind>_figure`
-that does both in one call from a profile's runs (`kit.results.collect.collect_runs`).
+Each figure is a data function (kit.results.figures.figure_data; the case study's
+kit.results.figures.token_view, the only one that loads models), a plot function here (from that
+frame only) and a `<kind>_figure` that does both in one call from a profile's runs
+(`kit.results.frame.collect.collect_runs`).
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from kit import io as kio
 from kit import methods
 from kit.config.paths import outputs_root
 from kit.train.progress import epoch_number        # frames count epochs from 0, axes from 1
-from kit.results.figure_data import (COST_METHODS, GAMMA_METHODS, LABEL_METHODS, cost_curves,
-                                     gamma_baseline, gamma_points, label_quality, method_label,
-                                     method_order, seeds_text, single)
-from kit.results.collect import collect_runs, finished
-from kit.results.token_view import PAPER_SENTENCES, case_study_data, find_run
+from kit.results.figures.figure_data import (COST_METHODS, GAMMA_METHODS, LABEL_METHODS,
+                                             cost_curves, gamma_baseline, gamma_points,
+                                             label_quality, method_label, method_order,
+                                             seeds_text, single)
+from kit.results.frame.collect import collect_runs, finished
+from kit.results.figures.token_view import PAPER_SENTENCES, case_study_data, find_run
 
 # Colours and markers from the method registry; markers as well as colours: methods stay apart
 # in greyscale print and for colour-blind readers.

@@ -1,5 +1,5 @@
-"""The report's header (kit.results.page), made by the kit from the run folders rather than by a
-notebook: the profile, the date, where the runs were made (kit commits, CPU / GPU class,
+"""The report's header (kit.results.report.page), made by the kit from the run folders rather than
+by a notebook: the profile, the date, where the runs were made (kit commits, CPU / GPU class,
 precision, library versions: each run's metrics.json `environment`, kit.train.provenance), the
 runs ok / failed / absent (and what the batch that built it did), the warnings that matter
 (too few seeds, mixed environments, degenerate cells, failures), the profile's main table (the
@@ -19,9 +19,9 @@ from kit import runs
 from kit.config.profiles import Profile, read_spec
 from kit.config.rules import precision_name
 from kit.config.run_config import RunConfig
-from kit.results import table_sets, writers
-from kit.results.collect import load_runs, mixed_environments
-from kit.results.paper_table import DEGENERATE
+from kit.results.tables import table_sets, writers
+from kit.results.frame.collect import load_runs, mixed_environments
+from kit.results.tables.paper_table import DEGENERATE
 
 SHOWN_FAILURES = 3
 NOTEBOOK_FAILED = "notebook failed: "      # an ok run's error: its notebook's, after fit()
@@ -137,9 +137,9 @@ def _tally(values) -> str:
 
 
 def main_table(profile: Profile, grid: list[GridRun]) -> tuple[str, pd.DataFrame | None]:
-    """The profile's first table, as kit.results.profile_outputs writes it (its CSV is the same
-    table), or (why not, None) when no run has a folder or the tables cannot be made. Runs that stopped
-    early (preempted) or cannot be read have no result yet: the warnings count them."""
+    """The profile's first table, as kit.results.report.profile_outputs writes it (its CSV is the
+    same table), or (why not, None) when no run has a folder or the tables cannot be made. Runs that
+    stopped early (preempted) or cannot be read have no result yet: the warnings count them."""
     started = [r.run_dir for r in grid if runs.config_path(r.run_dir).exists()
                and r.status in ("ok", "failed", "incomplete")]
     if not started:
@@ -153,7 +153,7 @@ def main_table(profile: Profile, grid: list[GridRun]) -> tuple[str, pd.DataFrame
 
 def degenerate_cells(table: pd.DataFrame) -> list[str]:
     """`CoLA (BERT-r, SSA-H)`: the columns with a degenerate cell (marked DEGENERATE by
-    kit.results.paper_table) and its rows."""
+    kit.results.tables.paper_table) and its rows."""
     cells = {}
     for column in table.columns:
         rows = [str(i) for i, v in table[column].items() if DEGENERATE in str(v)]

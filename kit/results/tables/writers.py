@@ -70,8 +70,8 @@ def write_tables(tables: pd.DataFrame | Mapping[str, pd.DataFrame], name: str,
     several = not isinstance(tables, pd.DataFrame)
     captions = {title: t.attrs.get("caption", "") for title, t in named.items()}
     frames = {title: _with_index(t) for title, t in named.items()}
-    # the lines a table must show above itself (kit.results.table_sets: mixed environments, thin
-    # cells), once at the top of the file: every table of one set shares them
+    # the lines a table must show above itself (kit.results.tables.table_sets: mixed environments,
+    # thin cells), once at the top of the file: every table of one set shares them
     notes = list(dict.fromkeys(n for t in named.values() for n in t.attrs.get("notes", ())))
     md = "".join(f"> {n}\n\n" for n in notes) + "\n".join(
         (f"## {title}\n\n" if several else "") + _markdown(f)

@@ -1,8 +1,9 @@
 """The SSA mechanism benchmark (params/mechanism.yaml, notebooks/mechanism.ipynb): its dev accuracy
 table (last and held-out epoch, each method against BERT-r with Holm-corrected Welch and permutation
 p), its SSA labels against the synthetic task's true importance mask (from the saved epoch sets of
-`save_labels: true`, read through kit.runs), and the frames kit.results.figures.plot_mechanism
-draws. Works on `kit.results.collect.collect_runs` frames of one model x task.
+`save_labels: true`, read through kit.runs), and the frames
+kit.results.figures.figures.plot_mechanism draws. Works on `kit.results.frame.collect.collect_runs`
+frames of one model x task.
 """
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import numpy as np
 import pandas as pd
 
 from kit import methods, runs
-from kit.results import tables
+from kit.results.tables import tables
 from kit.models.backbones import load_tokenizer
-from kit.results.figure_data import method_dtype
-from kit.results.collect import finished
-from kit.results.notebook_defaults import NoRuns, run_command
+from kit.results.figures.figure_data import method_dtype
+from kit.results.frame.collect import finished
+from kit.results.frame.no_runs import NoRuns, run_command
 from kit.data.synthetic import SPURIOUS
 from kit.train.progress import epoch_number
 

@@ -136,9 +136,9 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
                       strict: bool = False) -> pd.DataFrame:
     """One GLUE submission zip per group of finished runs that wrote test predictions.
 
-    `runs` is a `kit.results.collect.collect_runs` frame holding one configuration per task and group
-    (select one first, e.g. `selection.select_runs`, when a grid varies hyper-parameters). Zips go
-    to `<outputs_dir>/submissions/<profile>-<method>-s<seed>.zip` (the model's name is added
+    `runs` is a `kit.results.frame.collect.collect_runs` frame holding one configuration per task
+    and group (select one first, e.g. `selection.select_runs`, when a grid varies hyper-parameters).
+    Zips go to `<outputs_dir>/submissions/<profile>-<method>-s<seed>.zip` (the model's name is added
     when `runs` holds several models); `<profile>-manifest.csv` lists, per zip, each file with
     its run, rows and the GLUE test-set rows, and the files it lacks (the GLUE server expects
     all of them). A row count that differs from the GLUE test set is a note, or an error with
@@ -160,7 +160,7 @@ def build_submissions(runs: pd.DataFrame, outputs_dir: str | os.PathLike = "outp
         if dup.any():
             raise SubmissionError(
                 f"{key}: several finished runs of {group['glue_task'][dup].iloc[0]}: select one "
-                f"configuration per task first (kit.results.selection.select_runs)")
+                f"configuration per task first (kit.results.tables.selection.select_runs)")
         files, rows = {}, []
         for _, run in group.iterrows():
             run_dir = Path(run["run_dir"])
@@ -211,11 +211,12 @@ def _fold_submission(run_dir: Path) -> tuple[dict, pd.DataFrame] | None:
 def average_fold_submissions(run_dirs: Sequence[str | os.PathLike],
                              out_path: str | os.PathLike | None = None) -> pd.DataFrame:
     """One submission from the finished fold runs among `run_dirs` (e.g.
-    `kit.results.fold_tables.fold_run_dirs(config)`; unfinished folds are left out, `attrs["folds"]`
-    lists the folds used). Regression: the mean prediction per id; classification: the most common
-    class (ties: the first in sorted order). Every fold must hold the same ids in the same order.
-    Written to `out_path`, by default `<outputs>/submissions/<first run id>-folds.csv` (the first of
-    `run_dirs`: fold 0 of a fold_run_dirs list)."""
+    `kit.results.tables.fold_tables.fold_run_dirs(config)`; unfinished folds are left out,
+    `attrs["folds"]` lists the folds used). Regression: the mean prediction per id; classification:
+    the most common class (ties: the first in sorted order). Every fold must hold the same ids in
+    the same order. Written to `out_path`, by default
+    `<outputs>/submissions/<first run id>-folds.csv` (the first of `run_dirs`: fold 0 of a
+    fold_run_dirs list)."""
     run_dirs = [Path(d) for d in run_dirs]
     found = [(d, got) for d in run_dirs if (got := _fold_submission(d)) is not None]
     if not found:

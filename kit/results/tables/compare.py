@@ -4,9 +4,9 @@ The runs are grouped by method and by the config fields that differ between runs
 and model (seeds and the fields that do not change what is computed, RunConfig._NOT_IDENTITY,
 aside), e.g. by lr when two lrs of one method were run; task and model stay columns of their
 own, since no mean is taken across tasks. Per group: n, the mean and std over its runs of the
-task score and each metric (kit.results.tables.summary_table), and the test of each group
+task score and each metric (kit.results.tables.tables.summary_table), and the test of each group
 against a baseline group on the task score with Holm-Bonferroni across the table
-(kit.results.tables.comparisons, with kit.results.stats' Welch / permutation tests).
+(kit.results.tables.tables.comparisons, with kit.results.frame.stats' Welch / permutation tests).
 `latest_runs` finds the run folders started last, for a notebook that compares them.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pandas as pd
 from kit import runs
 from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
-from kit.results import tables
-from kit.results.collect import load_runs, mixed_environments
+from kit.results.tables import tables
+from kit.results.frame.collect import load_runs, mixed_environments
 
 # config fields that never make a group: a run's seed, a k-fold run's fold (summary_table keeps
 # folds apart itself) and what does not change the numbers (the run id's own list)

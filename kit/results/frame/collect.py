@@ -1,8 +1,8 @@
 """Collect run folders into one frame: `load_runs` (a row per run, from kit.runs' readers),
 `collect_runs` (a profile's runs, filtered) and `finished` (the OK runs of some methods: the filter
-every figure starts from). The tables built on that frame are kit.results.tables,
-kit.results.selection and kit.results.fold_tables; kit.results.table_sets picks a profile's set and
-kit.results.writers writes it.
+every figure starts from). The tables built on that frame are kit.results.tables.tables,
+kit.results.tables.selection and kit.results.tables.fold_tables; kit.results.tables.table_sets picks
+a profile's set and kit.results.tables.writers writes it.
 
 Reads only what runs leave on disk (config.json, metrics.json and history.csv, through
 kit.runs), never torch or the training code, so tables can be rebuilt anywhere from copied run

@@ -10,12 +10,12 @@ import pandas as pd
 from kit.config.paths import outputs_root
 from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
-from kit.results import table_sets, writers
-from kit.results.collect import load_runs
+from kit.results.tables import table_sets, writers
+from kit.results.frame.collect import load_runs
 from kit.runs import config_path, run_dir_of
 
-# each of kit.config.profiles.FIGURES: its function in kit.results.figures (by name: matplotlib
-# is imported only when a profile draws)
+# each of kit.config.profiles.FIGURES: its function in kit.results.figures.figures (by name:
+# matplotlib is imported only when a profile draws)
 DRAW = {"label-quality": "label_quality_figure", "cost": "cost_figure", "gamma": "gamma_figure"}
 
 
@@ -41,7 +41,7 @@ def write(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
 def figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path | None:
     """One of the profile's figures, drawn from its grid's runs; None, with one line, when they
     hold nothing to draw (e.g. no SSA run finished): the tables and results stand."""
-    from kit.results import figures          # matplotlib: only for a profile that draws
+    from kit.results.figures import figures          # matplotlib: only for a profile that draws
     if kind not in DRAW:     # load_profile checked the names; a Profile made by hand may not be
         raise ConfigError(f"{profile.path}: unknown figure {kind!r}; choose from "
                           f"{', '.join(DRAW)}")

@@ -17,7 +17,7 @@ import pandas as pd
 from kit import runs
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import load_task_data
-from kit.results.token_view import label_name
+from kit.results.figures.token_view import label_name
 
 PROB = "prob_"       # the probability columns: prob_<class name, as label_name shows it>
 

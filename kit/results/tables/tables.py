@@ -1,12 +1,13 @@
 """Result tables from collected runs: table order, epoch and budget views, the significance
-comparisons and the summary over seeds (the paper's Table 2 layout: `kit.results.paper_table`), with
-what a reviewer checks spelled out in each table's caption (`table.attrs["caption"]`): which
-epoch's dev numbers are shown and how it was chosen, which test is behind the marks, on which
-number (the task score), and the Holm-Bonferroni correction across the table's comparisons.
-Degenerate cells (`degenerate`: the same score on every seed, or a constant predictor's exact 0
-on a correlation-scored task, one seed included) are flagged and left out of the average.
+comparisons and the summary over seeds (the paper's Table 2 layout:
+`kit.results.tables.paper_table`), with what a reviewer checks spelled out in each table's caption
+(`table.attrs["caption"]`): which epoch's dev numbers are shown and how it was chosen, which test is
+behind the marks, on which number (the task score), and the Holm-Bonferroni correction across the
+table's comparisons. Degenerate cells (`degenerate`: the same score on every seed, or a constant
+predictor's exact 0 on a correlation-scored task, one seed included) are flagged and left out of the
+average.
 
-Works on `kit.results.collect.load_runs` frames only; never reads run folders itself.
+Works on `kit.results.frame.collect.load_runs` frames only; never reads run folders itself.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import pandas as pd
 
 from kit import methods
 from kit.train.metrics import reported_metrics
-from kit.results.paper_results import PAPER_TASKS
-from kit.results.stats import SIGNIFICANCE_TESTS, holm, is_constant, significance_mark
+from kit.results.tables.paper_results import PAPER_TASKS
+from kit.results.frame.stats import SIGNIFICANCE_TESTS, holm, is_constant, significance_mark
 from kit.config.tasks import csv_task, get_task
 
 # Row order and labels of the paper's tables; other methods follow, alphabetically.

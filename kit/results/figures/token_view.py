@@ -4,7 +4,8 @@ and the case study (Fig. 8) that puts a vanilla run and an SSA run side by side.
 
 The only figure data that needs a model: it loads the runs' best checkpoints (kit.runs finds them,
 kit.models.model_io loads them). torch and kit.models.model_io are imported inside `token_scores`
-only, so kit.results.figures imports this module without torch (its plots need numbers, not models).
+only, so kit.results.figures.figures imports this module without torch (its plots need numbers, not
+models).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kit import runs
-from kit.results.collect import finished
+from kit.results.frame.collect import finished
 from kit.config.tasks import Task, get_task
 
 # The paper's two SST-2 case-study sentences (section 4.7), spelled as printed.

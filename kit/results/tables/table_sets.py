@@ -1,6 +1,6 @@
 """Which tables a set of runs gets: a profile's tables (what kit.batch writes after a grid) and the
 results notebook's tables (the configuration a selection rule picks, in the paper's layout, with its
-comparisons, summaries and epoch views). Ready for kit.results.writers.write_tables."""
+comparisons, summaries and epoch views). Ready for kit.results.tables.writers.write_tables."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,15 +9,15 @@ import pandas as pd
 
 from kit import methods
 from kit.config.run_config import RunConfig
-from kit.results.fold_tables import fold_table, oof_metrics, oof_predictions
-from kit.results.paper_results import PAPER_TASKS, paper_profile
-from kit.results.paper_table import paper_table
-from kit.results.collect import table_notes
-from kit.results.notebook_defaults import NoRuns, run_command
-from kit.results.selection import select_runs, selection_table
+from kit.results.tables.fold_tables import fold_table, oof_metrics, oof_predictions
+from kit.results.tables.paper_results import PAPER_TASKS, paper_profile
+from kit.results.tables.paper_table import paper_table
+from kit.results.frame.collect import table_notes
+from kit.results.frame.no_runs import NoRuns, run_command
+from kit.results.tables.selection import select_runs, selection_table
 from kit.train.progress import epoch_number
-from kit.results.tables import (budget_view, comparisons, epoch_table, epoch_view, fold_runs,
-                                runs_table, summary_table)
+from kit.results.tables.tables import (budget_view, comparisons, epoch_table, epoch_view,
+                                       fold_runs, runs_table, summary_table)
 
 
 def profile_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
@@ -76,7 +76,7 @@ def _finetune_tables(runs: pd.DataFrame, varying: Sequence[str] = ()) -> dict[st
 
 def with_notes(tables: dict[str, pd.DataFrame], notes: list[str]) -> dict[str, pd.DataFrame]:
     """Each table carries the lines it must show above itself (`attrs["notes"]`: mixed
-    environments, too few seeds per cell), which kit.results.writers and the batch print."""
+    environments, too few seeds per cell), which kit.results.tables.writers and the batch print."""
     for table in tables.values():
         table.attrs["notes"] = notes
     return tables
@@ -94,9 +94,9 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
     hyper-parameters vary, the selection table. Each table's caption is in `.attrs`.
 
     `paper`: "auto" adds the paper's rows (and measured - paper deltas) only for the paper's
-    profiles (kit.results.paper_results.PAPER_PROFILES), a table name ("base" ...) always, "" never.
-    Masked-LM pretraining runs are left out (their score is no task metric: `pretrain_table`).
-    Ready for `write_tables`."""
+    profiles (kit.results.tables.paper_results.PAPER_PROFILES), a table name ("base" ...) always, ""
+    never. Masked-LM pretraining runs are left out (their score is no task metric:
+    `pretrain_table`). Ready for `write_tables`."""
     if len(df):
         df = df[~df["method"].isin(methods.names(pretrain=True))]
     ok = df[df["status"] == "ok"] if len(df) else df

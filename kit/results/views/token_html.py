@@ -1,5 +1,5 @@
 """SSA on the tokens: a few sentences as HTML, each word-piece coloured by what SSA makes of it,
-for a notebook (`show_tokens(run_dir)`) and the report (`report_section`, kit.results.page).
+for a notebook (`show_tokens(run_dir)`) and the report (`report_section`, kit.results.report.page).
 
 Three views (`by`):
     labels       the SSA labels the run saved (save_labels: true, read through kit.runs): 1
@@ -8,8 +8,8 @@ Three views (`by`):
     attention    the last layer's [CLS] attention from the best checkpoint (every method),
                  scaled to each sentence's largest weight
 `auto` picks labels when the run saved some, else P(important) for a run with a token head,
-else attention. The checkpoint views read kit.results.token_view.token_scores on the first dev
-sentences (or sentences of your own). On the synthetic task the true cue words (the Examples'
+else attention. The checkpoint views read kit.results.figures.token_view.token_scores on the first
+dev sentences (or sentences of your own). On the synthetic task the true cue words (the Examples'
 `importance`, kit.data.synthetic) are underlined; each sentence shows its label and prediction.
 
 The HTML has inline styles only (no <style>, no script, nothing fetched), dark text on light
@@ -29,8 +29,8 @@ from kit import methods, runs
 from kit.config.tasks import Split, get_task
 from kit.data.pipeline import encode
 from kit.models.backbones import load_tokenizer
-from kit.results.model_view import dev_sample
-from kit.results.token_view import label_name, token_scores
+from kit.results.views.model_view import dev_sample
+from kit.results.figures.token_view import label_name, token_scores
 
 VIEWS = {"labels": "SSA label", "p_important": "P(important), the token head",
          "attention": "[CLS] attention, last layer (scaled to the sentence's largest)"}
@@ -312,7 +312,7 @@ def report_section(run_dirs, n: int = REPORT_SENTENCES, max_runs: int = REPORT_R
     intro = ("Which word-pieces SSA labelled important (1) or not (0) in the last saved epoch "
              "of each run that saved its labels (save_labels: true), on training sentences the "
              "model of the previous epoch predicted correctly; true cue words underlined "
-             "(synthetic task). <code>kit.results.token_html.show_tokens(run_dir)</code> shows "
+             "(synthetic task). <code>kit.results.views.token_html.show_tokens(run_dir)</code> shows "
              "more, or the checkpoint's P(important) / attention.")
     return ('<section id="kit-tokens" class="jp-RenderedHTMLCommon" style="padding:0 '
             'var(--jp-notebook-padding, 10px)"><h2>SSA on the tokens</h2>'

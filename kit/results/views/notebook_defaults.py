@@ -7,7 +7,7 @@ mechanism: mechanism's; PROFILE_NOTEBOOKS) when its grid has finished runs, else
 `task = ""` is its runs' one task, the synthetic one among several (`pick_figure_task`); the case
 study's a task with checkpointed runs of both methods, SST-2 first (`pick_task`); a figure drawn
 without some of its methods says so in one line (`present_methods`). With nothing to show,
-`NoRuns`: one line naming the command that makes the runs, no traceback, in a notebook too.
+`NoRuns` (kit.results.frame.no_runs): one line naming the command that makes the runs.
 """
 from __future__ import annotations
 
@@ -20,27 +20,14 @@ from kit import runs
 from kit.config.paths import outputs_root
 from kit.config.run_config import ConfigError
 from kit.config.profiles import profile_path
-from kit.results.collect import finished, profile_run_dirs
+from kit.results.frame.collect import finished, profile_run_dirs
+from kit.results.frame.no_runs import MAIN, NoRuns, run_command
 
-MAIN = "demo"                       # the profile `./run_all.sh` runs
 CASE_STUDY_TASKS = ("SST-2",)       # the paper's case study is on SST-2 reviews
 # The notebooks written for one profile (its description names them): opened as they are, they
-# show that profile's runs first; its report page shows them (kit.results.page).
+# show that profile's runs first; its report page shows them (kit.results.report.page).
 PROFILE_NOTEBOOKS = {"gamma": ("gamma", "cost"), "case-study": ("case_study",),
                      "mechanism": ("mechanism",)}
-
-
-class NoRuns(ValueError):
-    """Nothing to show, and the command that makes it, in one line. IPython shows an exception
-    with `_render_traceback_` as the lines it returns: a notebook shows this line, not a
-    traceback."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"{type(self).__name__}: {self}"]
-
-
-def run_command(profile: str) -> str:
-    return "./run_all.sh" if profile == MAIN else f"./run_all.sh {profile}"
 
 
 def own_profile(notebook: str) -> str:

@@ -2,8 +2,8 @@
 
     build(profile, outputs_dir, execute=None, counts=None) -> the page's path
 
-The page is a header made here (kit.results.page_header: profile, date, kit commits, CPU / GPU
-and precision from each run's provenance, the runs' counts, the warnings that matter, the main
+The page is a header made here (kit.results.report.page_header: profile, date, kit commits, CPU /
+GPU and precision from each run's provenance, the runs' counts, the warnings that matter, the main
 table and a link to every run's notebook) above the profile's results notebook
 (notebooks/results.ipynb) and the figure notebooks that fit the profile, executed with papermill
 and rendered by nbconvert with their inputs hidden. Everything is inside the file: figures are
@@ -38,14 +38,15 @@ from kit import io as kio  # noqa: E402
 from kit import runs  # noqa: E402
 from kit.config.paths import PROJECT, outputs_root  # noqa: E402
 from kit.config.profiles import Profile, load_profile  # noqa: E402
-from kit.results import page_header, token_html  # noqa: E402
-from kit.results.notebook_defaults import PROFILE_NOTEBOOKS  # noqa: E402,F401
+from kit.results.report import page_header  # noqa: E402
+from kit.results.views import token_html  # noqa: E402
+from kit.results.views.notebook_defaults import PROFILE_NOTEBOOKS  # noqa: E402
 
 Execute = Callable[[Path, Path, dict], None]
 
 # the notebook of each figure kind a profile's `figures:` may ask for (kit.config.profiles.
-# FIGURES; kit.results.profile_outputs draws the same figures as PNG files); those written for
-# one profile are notebook_defaults.PROFILE_NOTEBOOKS (opened as they are, they show its runs)
+# FIGURES; kit.results.report.profile_outputs draws the same figures as PNG files); those written
+# for one profile are notebook_defaults.PROFILE_NOTEBOOKS (opened as they are, they show its runs)
 FIGURE_NOTEBOOKS = {"label-quality": "label_quality", "gamma": "gamma", "cost": "cost"}
 # label quality is measured on the synthetic task only (its cues are known)
 FIXED_TASK = {"label_quality": "synthetic"}
@@ -146,8 +147,9 @@ def run_notebooks(profile: Profile, outputs_dir: str | Path, folder: Path,
 
 
 def token_section(grid: list[page_header.GridRun]) -> tuple[str, list[str]]:
-    """The token view of the grid's finished runs that saved SSA labels (kit.results.token_html;
-    "" when none did), or a failure line for the warnings: the rest of the page stands."""
+    """The token view of the grid's finished runs that saved SSA labels
+    (kit.results.views.token_html; "" when none did), or a failure line for the warnings: the rest
+    of the page stands."""
     try:
         return token_html.report_section([r.run_dir for r in grid if r.status == "ok"]), []
     except Exception as err:           # noqa: BLE001 - one line on the page, never a lost page
@@ -168,7 +170,7 @@ def exporter(exclude_input: bool):
     """nbconvert's HTML exporter with TEMPLATE (made once: it reads the template and its CSS)."""
     from nbconvert import HTMLExporter
     # its warnings (a figure without alt text) are not the batch's business
-    quiet = logging.getLogger("kit.results.page.nbconvert")
+    quiet = logging.getLogger("kit.results.report.page.nbconvert")
     quiet.setLevel(logging.ERROR)
     return HTMLExporter(extra_loaders=[jinja2.DictLoader({"kit.html.j2": TEMPLATE})],
                         template_file="kit.html.j2", exclude_input=exclude_input,

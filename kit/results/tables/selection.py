@@ -1,6 +1,6 @@
 """Hyper-parameter selection over a grid's runs: the paper's three-subset rule (section 4.3),
 plain best-dev selection for comparison, and the table that puts the two side by side. Works
-on `kit.results.collect.load_runs` frames; reads no run folder."""
+on `kit.results.frame.collect.load_runs` frames; reads no run folder."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from kit.results.tables import score_scale, sorted_groups
+from kit.results.tables.tables import score_scale, sorted_groups
 
 # Hyper-parameters a grid may vary (the paper's section 4.3 grid and the SSA knobs).
 HYPERPARAMETERS = ("lr", "batch_size", "epochs", "alpha", "beta", "gamma", "warmup_ratio",
