@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kit import io as kio
+from kit.runs import arrays
 from kit.io import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,8 +132,8 @@ def same_array(a, b) -> bool:
        meta=st.dictionaries(st.text(max_size=5), json_, max_size=4))
 def test_arrays_round_trip_bit_exactly(tmp_path, fields, meta):
     path = tmp_path / "a.npz"
-    kio.write_arrays(path, fields, meta)
-    back, meta_back = kio.read_arrays(path)
+    arrays.write_arrays(path, fields, meta)
+    back, meta_back = arrays.read_arrays(path)
     assert list(back) == list(fields) and meta_back == meta
     for name, value in fields.items():
         if value is None or isinstance(value, np.ndarray):
@@ -151,9 +151,9 @@ def test_write_arrays_refuses_what_it_cannot_give_back(tmp_path):
            "other than 1-D": {"x": [np.zeros((2, 2))]},
            "not an identifier": {"a.values": np.zeros(1)},
            "not an array": {"x": 3}}
-    for message, arrays in bad.items():
+    for message, fields in bad.items():
         with pytest.raises(ValueError, match=message):
-            kio.write_arrays(path, arrays, {})
+            arrays.write_arrays(path, fields, {})
     assert not path.exists()
 
 
@@ -178,10 +178,10 @@ def crafted_files(folder: Path, marker: Path) -> dict[str, Path]:
     files["pickle.npz"].write_bytes(pickle.dumps(RunsCode(marker)))
     torch.save({"epoch_set": RunsCode(marker)}, files["torch.npz"])
     torch.save(RunsCode(marker), files["legacy-torch.npz"], _use_new_zipfile_serialization=False)
-    header = {"format": kio.ARRAYS_FORMAT, "fields": {"x": "array"}, "meta": {}}
+    header = {"format": arrays.ARRAYS_FORMAT, "fields": {"x": "array"}, "meta": {}}
     with open(files["objects.npz"], "wb") as f:
         np.savez(f, **{"x": np.array([RunsCode(marker)], dtype=object),
-                       kio.HEADER: np.array(json.dumps(header))})
+                       arrays.HEADER: np.array(json.dumps(header))})
     with open(files["no-header.npz"], "wb") as f:
         np.savez(f, x=np.zeros(3))
     np.save(files["single.npy"], np.zeros(3))
@@ -201,11 +201,11 @@ def test_the_crafted_pickle_does_run_code_when_unpickled(tmp_path):
 def test_read_arrays_refuses_anything_but_its_format_without_running_it(tmp_path):
     marker = tmp_path / "ran"
     for name, path in crafted_files(tmp_path / "files", marker).items():
-        with pytest.raises(kio.UnsafeFileError) as err:
-            kio.read_arrays(path)
+        with pytest.raises(arrays.UnsafeFileError) as err:
+            arrays.read_arrays(path)
         message = str(err.value)
         assert "\n" not in message and str(path) in message, (name, message)
         assert "refused, not the kit's array format" in message, (name, message)
     assert not marker.exists()
     with pytest.raises(FileNotFoundError):
-        kio.read_arrays(tmp_path / "absent.npz")
+        arrays.read_arrays(tmp_path / "absent.npz")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from test_io import RunsCode      # the crafted pickle, defined once
-from kit import io as kio
 from kit import runs
+from kit.runs import arrays
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import IGNORE, Examples
 from kit.methods.bert_mask import (Masking, draw_masks, masked_copies, ratio_masks, real_tokens,
@@ -244,12 +244,12 @@ def test_a_pickle_where_labels_are_expected_is_refused_unread(tmp_path, name):
     its bytes named .npz: one line naming the file, and the code in it never runs."""
     marker = tmp_path / "ran"
     planted = plant(tmp_path / "run", name, marker)
-    with pytest.raises(kio.UnsafeFileError) as read:
+    with pytest.raises(arrays.UnsafeFileError) as read:
         list(runs.read_saved_labels(tmp_path / "run"))
     train = make_examples(20, np.random.default_rng(12), cue_every=2)
     train.labels = cue_model(train)
     replay = settings(method="ssa-co", reuse_labels_from=str(tmp_path / "run"))
-    with pytest.raises(kio.UnsafeFileError) as reuse:
+    with pytest.raises(arrays.UnsafeFileError) as reuse:
         build_epoch(train, replay, 1, never, False, MASK)
     for err in (read, reuse):
         message = str(err.value)

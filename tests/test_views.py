@@ -167,7 +167,7 @@ def test_the_token_views_decode_only_the_epoch_they_show(ssa_run, tmp_path, monk
     """A run that saved 3 SSA epochs: whether it saved any is read from the file names, the
     labels view and the report's token section decode the one epoch they show (the last)."""
     import shutil
-    from kit import io as kio
+    from kit.runs import arrays
     run = tmp_path / ssa_run.name
     shutil.copytree(ssa_run, run)
     last = max(runs.saved_labels_dir(run).glob("epoch*.npz"))
@@ -175,8 +175,8 @@ def test_the_token_views_decode_only_the_epoch_they_show(ssa_run, tmp_path, monk
     for later in (epoch + 1, epoch + 2):
         shutil.copy(last, runs.saved_labels_dir(run) / f"epoch{later}.npz")
     decoded = []
-    read_arrays = kio.read_arrays
-    monkeypatch.setattr(kio, "read_arrays", lambda path: decoded.append(Path(path).name)
+    read_arrays = arrays.read_arrays
+    monkeypatch.setattr(arrays, "read_arrays", lambda path: decoded.append(Path(path).name)
                         or read_arrays(path))
     assert token_html.pick_view(run) == "labels" and decoded == []
     view = token_html.show_tokens(run, n=2)

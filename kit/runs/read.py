@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from kit import io as kio
+import kit.runs.arrays as arrays
 from kit.config.paths import outputs_root
 from kit.config.run_config import RunConfig
 
@@ -174,15 +175,15 @@ def read_saved_epoch(run_dir: str | Path, epoch: int) -> dict | None:
     if not path.exists():
         _refuse_pickled_labels([path.with_suffix(".pt")])
         return None
-    arrays, meta = kio.read_arrays(path)
+    epoch_set, meta = arrays.read_arrays(path)
     if not isinstance(meta, dict) or not isinstance(meta.get("stats"), dict):
-        raise kio.refused(path, "no SSA label statistics in its header")
-    return {"epoch_set": arrays, "stats": meta["stats"]}
+        raise arrays.refused(path, "no SSA label statistics in its header")
+    return {"epoch_set": epoch_set, "stats": meta["stats"]}
 
 
 def saved_label_epochs(run_dir: str | Path) -> list[int]:
     """The epochs the run saved SSA labels for, in order, by their files' names: nothing is
-    read (empty when it saved none). Refuses (kio.UnsafeFileError) a folder holding .pt labels
+    read (empty when it saved none). Refuses (arrays.UnsafeFileError) a folder holding .pt labels
     of an earlier kit version: they are pickles, which run code."""
     folder = saved_labels_dir(run_dir)
     _refuse_pickled_labels(sorted(folder.glob("epoch*.pt")))
@@ -201,6 +202,6 @@ def _refuse_pickled_labels(paths: list[Path]) -> None:
     """One line for the first .pt label file there is: torch.load would unpickle it."""
     old = [path for path in paths if path.exists()]
     if old:
-        raise kio.refused(old[0], "SSA labels saved as .pt by an earlier kit version, a pickle",
+        raise arrays.refused(old[0], "SSA labels saved as .pt by an earlier kit version, a pickle",
                           hint="; regenerate them: remove that run's folder and rerun it with "
                                "save_labels: true")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from kit import io as kio
+import kit.runs.arrays as arrays
 from kit.config.run_config import RunConfig
 from kit.runs.read import run_dir_of, saved_labels_path
 
@@ -59,4 +60,4 @@ def write_test_predictions(folder: Path, task, name: str, split, preds: np.ndarr
 def write_saved_labels(run_dir: str | Path, epoch: int, epoch_set: dict, stats: dict) -> None:
     """Save one SSA epoch: `epoch_set` (kit.data.pipeline.Examples' fields, vars(examples)) as
     arrays, `stats` (LabelStats as a dict) as the file's JSON."""
-    kio.write_arrays(saved_labels_path(run_dir, epoch), epoch_set, {"stats": stats})
+    arrays.write_arrays(saved_labels_path(run_dir, epoch), epoch_set, {"stats": stats})

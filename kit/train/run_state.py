@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from kit import io as kio
+import kit.runs.arrays as arrays
 from kit.data.pipeline import Examples
 from kit.runs import checkpoint_dir, read_json, write_history
 from kit.train import checkpoint_hardware as khw
@@ -98,8 +99,8 @@ def save_mid_epoch(accelerator, run_dir: Path, progress: Progress, work: EpochWo
     if accelerator.is_main_process and not folder.is_dir():
         with kio.atomic_dir(folder) as tmp:
             for k, examples in enumerate(work.sets):
-                kio.write_arrays(tmp / f"set{k}.npz", vars(examples), {})
-            kio.write_arrays(tmp / "plan.npz",
+                arrays.write_arrays(tmp / f"set{k}.npz", vars(examples), {})
+            arrays.write_arrays(tmp / "plan.npz",
                              {"task": np.array([t for t, _ in work.plan], dtype=np.int64),
                               "rows": [np.asarray(r, dtype=np.int64) for _, r in work.plan]},
                              {"epoch": epoch, "sets": len(work.sets),
@@ -225,8 +226,8 @@ def _weights_of_any_wrapper(accelerator):
 def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
     """The examples and plan `save_mid_epoch` kept of `epoch`."""
     folder = epoch_dir(run_dir, epoch)
-    plan, meta = kio.read_arrays(folder / "plan.npz")
-    sets = [Examples(**kio.read_arrays(folder / f"set{k}.npz")[0]) for k in range(meta["sets"])]
+    plan, meta = arrays.read_arrays(folder / "plan.npz")
+    sets = [Examples(**arrays.read_arrays(folder / f"set{k}.npz")[0]) for k in range(meta["sets"])]
     return EpochWork(sets, [(int(t), rows.tolist()) for t, rows in zip(plan["task"], plan["rows"])],
                      meta["label_stats"])
 
