@@ -723,3 +723,18 @@ def test_a_corrupt_record_reads_as_none_wherever_only_the_runs_end_is_asked(tmp_
     assert batch.resume_first([point]) == [point]
     with pytest.raises(ValueError, match="metrics.json"):
         runs.read_metrics(run_dir_of(cfg))
+
+
+def test_a_batchs_signal_is_forgotten_when_the_batch_ends():
+    """A point run later in the same process outside a batch (kit.cluster.point.execute, as
+    tests and notebooks call it) must not find the last batch's signal and call itself stopped
+    (it did: test_dead_kernel_is_recorded_as_failed failed after a signal test in its worker)."""
+    import signal
+
+    from kit.cluster.signals import FORWARD
+    previous = signal.getsignal(signal.SIGUSR1)
+    with FORWARD as forward:
+        forward(signal.SIGUSR1, None)                 # the handler, as the signal calls it
+        assert forward.received == "SIGUSR1"
+    assert FORWARD.received is None
+    assert signal.getsignal(signal.SIGUSR1) == previous
