@@ -283,24 +283,14 @@ def test_a_bucketed_run_killed_inside_a_window_resumes_to_the_uninterrupted_run(
     """A checkpoint every 3 steps, a history row every 4: the run is killed at step 11, after
     the checkpoint of step 9 kept one step of an unread window; resumed, that step's losses
     join the window on the device and every row, metric and weight equals the straight run's."""
-    import kit.train.loop as loop
     from kit.runs import checkpoint_dir, run_dir_of
     from kit.train.window import LossWindow
+    from tests.test_faults import Killed, dies_at_step
     settings = dict(TINY, method="ssa-h", length_buckets="on", checkpoint_steps=3)
     straight = fit(RunConfig(**settings, outputs_dir=str(tmp_path / "straight")))
     cfg = RunConfig(**settings, outputs_dir=str(tmp_path / "killed"))
-
-    class Killed(BaseException):          # stands in for SIGKILL: nothing runs after it
-        pass
-    calls, step = [], loop.train_step
-
-    def dies_at_step_11(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 11:
-            raise Killed
-        return step(*args, **kwargs)
     with monkeypatch.context() as patch:
-        patch.setattr(loop, "train_step", dies_at_step_11)
+        dies_at_step(patch, 11)
         with pytest.raises(Killed):
             fit(cfg)
     last = checkpoint_dir(run_dir_of(cfg)) / "last"
