@@ -5,7 +5,7 @@
 
 First a pre-flight, before any notebook kernel starts: the profile, every point's config and
 every task's data files are checked, so a typo or a bad file stops the batch in seconds with
-one line. Then the points run one after another in one warm kernel (kit.kernels: imports paid
+one line. Then the points run one after another in one warm kernel (kit.cluster.kernels: imports paid
 once, namespace cleared between points; --fresh-kernels: one kernel per point; --per-device K:
 K points at once, each in a kernel of its own, a chain's points one after another:
 kit.cluster.pool); training progress is streamed to this terminal as plain lines. Finished

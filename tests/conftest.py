@@ -95,12 +95,12 @@ def glue_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def warm_kernels():
-    """This test worker's warm notebook kernel (kit.kernels, as a batch runs its points;
+    """This test worker's warm notebook kernel (kit.cluster.kernels, as a batch runs its points;
     tests/test_batch.py checks that warm gives a fresh kernel's results). A kernel start and its
     imports of torch and transformers cost ~8 s of CPU on an AVX2 core: the notebook and batch
     tests pay it once per worker. One torch thread in the kernel, as in the runs the tests
     compare it with."""
-    from kit.kernels import Kernels
+    from kit.cluster.kernels import Kernels
 
     with Kernels(env={"OMP_NUM_THREADS": "1"}) as kernels:
         yield kernels

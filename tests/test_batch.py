@@ -169,7 +169,7 @@ def _without_timings(value):
 
 @pytest.fixture
 def kernel_starts(monkeypatch, warm_kernels) -> list:
-    """The kernels kit.kernels starts from here on, one entry each (this worker's warm kernel
+    """The kernels kit.cluster.kernels starts from here on, one entry each (this worker's warm kernel
     already running: whichever test comes first does not count its start)."""
     from kit.cluster import kernels
     warm_kernels.start()
@@ -358,10 +358,10 @@ def test_log_progress_lines_are_whole_lines(monkeypatch):
 
 
 def test_warm_kernels_start_with_the_environment_they_are_given(tmp_path, run_notebook):
-    """kit.kernels.Kernels(env=...) (the notebook tests' shared kernel: one torch thread);
+    """kit.cluster.kernels.Kernels(env=...) (the notebook tests' shared kernel: one torch thread);
     papermill starts fresh kernels itself, so env with fresh=True is refused."""
     import nbformat
-    from kit.kernels import Kernels
+    from kit.cluster.kernels import Kernels
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -526,8 +526,8 @@ def test_only_the_shard_that_finishes_the_grid_builds_the_report(tmp_path, capsy
 def test_torchrun_gets_the_grace_and_the_signal_the_batch_got(tmp_path, monkeypatch):
     """The command the batch builds for --processes N: torchrun's shutdown timeout is the grace
     (its own is 30 s, whatever SLURM allows) and it passes SIGUSR1 on (it would die of it)."""
-    from kit import kernels
-    assert kernels.torchrun_knows("--shutdown-timeout")        # the pinned torch has both
+    from kit.cluster import torchrun
+    assert torchrun.torchrun_knows("--shutdown-timeout")        # the pinned torch has both
     seen = []
     from kit.cluster import point
     monkeypatch.setattr(point, "run_torchrun", lambda cmd, env: seen.append(cmd) or (0, []))
@@ -566,10 +566,10 @@ def test_torchrun_gives_its_workers_the_grace_not_its_own_30s(tmp_path):
     import threading
     import time
 
-    from kit import kernels
+    from kit.cluster import signals, torchrun
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    cmd = kernels.torchrun_command([str(worker), str(tmp_path)], 2, grace_s=1)
+    cmd = torchrun.torchrun_command([str(worker), str(tmp_path)], 2, grace_s=1)
     sent = []
 
     def signal_once_ready():
@@ -579,8 +579,8 @@ def test_torchrun_gives_its_workers_the_grace_not_its_own_30s(tmp_path):
         os.kill(os.getpid(), signal.SIGUSR1)
 
     threading.Thread(target=signal_once_ready, daemon=True).start()
-    with kernels.forwarding_signals():
-        code, _ = kernels.run_torchrun(cmd, {**os.environ, "OMP_NUM_THREADS": "1"})
+    with signals.forwarding_signals():
+        code, _ = torchrun.run_torchrun(cmd, {**os.environ, "OMP_NUM_THREADS": "1"})
     assert code != 0 and sent
     assert [(tmp_path / f"signal{r}").read_text() for r in (0, 1)] == ["SIGUSR1", "SIGUSR1"]
     assert not list(tmp_path.glob("written*"))     # cut after 1 s, not 30
@@ -596,8 +596,8 @@ def test_the_signal_thread_waits_between_resends_in_every_batch_of_a_process(mon
     import threading
     import time
 
-    from kit import kernels
-    forward, waits = kernels.Forwarder(), []
+    from kit.cluster import signals
+    forward, waits = signals.Forwarder(), []
     real_wait = threading.Event.wait
     monkeypatch.setattr(forward._wake, "wait", lambda timeout=None: (
         waits.append(1), real_wait(forward._wake, timeout))[1], raising=False)
@@ -609,13 +609,13 @@ def test_the_signal_thread_waits_between_resends_in_every_batch_of_a_process(mon
             with forward, forward.point(sent.append, settled=lambda: len(sent) >= 2):
                 started = time.monotonic()
                 os.kill(os.getpid(), signal.SIGUSR1)
-                time.sleep(5 * kernels.RESEND_S)
+                time.sleep(5 * signals.RESEND_S)
                 slept = time.monotonic() - started       # longer than asked on a busy machine
                 received = forward.received               # (forgotten when the batch ends)
             assert received == "SIGUSR1"
             assert sent == ["SIGUSR1"] * 2        # at once, again after RESEND_S, then settled
             # one wait a RESEND_S (+ the first and the wake-up); a spinning thread: thousands
-            assert len(waits) <= slept / kernels.RESEND_S + 3, f"{len(waits)} waits in {slept:.1f} s"
+            assert len(waits) <= slept / signals.RESEND_S + 3, f"{len(waits)} waits in {slept:.1f} s"
     finally:
         signal.signal(signal.SIGUSR1, previous)
 

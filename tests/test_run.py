@@ -183,7 +183,7 @@ def test_the_config_is_the_parameters_cell_and_papermills_not_later_variables(ca
 
 
 def test_a_warm_kernels_earlier_points_do_not_leak_into_the_next():
-    """kit.kernels' %reset clears the namespace but keeps the history: an earlier point's
+    """kit.cluster.kernels' %reset clears the namespace but keeps the history: an earlier point's
     injected cell comes before the current parameters cell, so it is not read."""
     history = ["", '# parameters\ntask = "RTE"', "# Parameters\nseed = 5\nepochs = 1", "fit()",
                "get_ipython().run_line_magic('reset', '-f')", '# parameters\ntask = "CoLA"',

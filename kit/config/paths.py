@@ -1,7 +1,7 @@
 """THE project folder, and where a relative path given to the kit points.
 
 A notebook app (JupyterLab, classic Notebook, VS Code) starts a notebook's kernel in notebooks/,
-papermill and the batch (kit.kernels) in the project folder. Both must find the same outputs/,
+papermill and the batch (kit.cluster.kernels) in the project folder. Both must find the same outputs/,
 data/ and tests/fixtures/, so a relative path never means "relative to wherever the kernel
 happened to start":
 

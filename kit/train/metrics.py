@@ -4,7 +4,7 @@ Everything here works on plain arrays of predictions and labels, so the training
 report share one definition of every number. Metric values are fractions (0.843, not 84.3);
 tables multiply by 100. The significance tests over seeds are in kit.results.frame.stats.
 
-numpy only, on purpose: every kernel (one per batch, kit.kernels) imports this module; its former
+numpy only, on purpose: every kernel (one per batch, kit.cluster.kernels) imports this module; its former
 sklearn.metrics + scipy.stats imports were 0.9-1.0 s of a 2.7-2.9 s `import kit.train.finetune`
 (`python -X importtime`, shared loaded 2-core machine; CPU time of `import kit.train.finetune,
 kit.results.views.views` 2.4 s -> 1.7 s without them). Each metric repeats the float operations of

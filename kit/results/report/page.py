@@ -14,7 +14,7 @@ profile's report. Every file is written atomically (kit.io): a failed build leav
 good page in place.
 
 `execute(notebook, output, parameters)` runs a notebook; kit.batch passes its warm kernel
-(kit.kernels), the default is plain papermill (a kernel of its own).
+(kit.cluster.kernels), the default is plain papermill (a kernel of its own).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # nbformat's validator would build rfc3987_syntax's grammars (3 s on a small CPU) for format
-# checks no notebook here needs: done without, as kit.kernels does for the batch
+# checks no notebook here needs: done without, as kit.cluster.kernels does for the batch
 sys.modules.setdefault("rfc3987_syntax", None)
 
 import jinja2  # noqa: E402
