@@ -20,6 +20,7 @@ SECTIONS = ["machine", "decisions", "data and models", "software"]
 def machine(monkeypatch):
     """A machine to order: set(cuda=, cuda_bf16=, mps=, cpu_bf16=); provenance answers fixed."""
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    monkeypatch.delenv(accel.CPU_BF16_SWITCH, raising=False)     # the lane's: this machine decides
     monkeypatch.setattr(provenance, "cpu_info", lambda: {
         "model": "Test CPU", "arch": "x86_64", "flags": ["avx2"], "native_bf16": False,
         "cpu_class": "avx2"})

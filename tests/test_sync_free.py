@@ -248,7 +248,10 @@ def test_padded_batches_give_the_losses_and_metrics_of_unpadded_ones(changes, gl
                                                                      monkeypatch):
     """Padding rows weigh 0 in every loss term (target, SSA, attention guiding; regression too)
     and padding positions are masked: without dropout, whose masks would differ with the
-    shapes, the runs agree to float rounding."""
+    shapes, the runs agree to float rounding. In fp32: bf16 autocast rounds each matmul's
+    inputs to 8 mantissa bits, so two shapes' sums part by ~5e-5 relative there (the
+    other-class lane saw it), which says nothing about the padding."""
+    changes = {**changes, "mixed_precision": "no"}
     _, plain = shapes_and_metrics(monkeypatch, tmp_path / "off", no_dropout=True, **changes)
     seen, padded = shapes_and_metrics(monkeypatch, tmp_path / "on", no_dropout=True,
                                       length_buckets="on", **changes)
