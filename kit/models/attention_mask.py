@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from kit.models.packed_dropout import ATTENTION as PACKED_SDPA   # bf16 CPUs' SDPA with dropout
+# the name kit.models.packed_dropout registers its SDPA under (bf16 CPUs, dropout on): here, not
+# imported from there, which would load transformers' model code (and scipy) into every kernel
+PACKED_SDPA = "kit_packed_sdpa"
 
 # model_type of the families whose forward turns the 2-D mask into the 4-D one by
 # create_bidirectional_mask and reads it nowhere else

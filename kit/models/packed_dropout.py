@@ -26,11 +26,13 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from kit.models.attention_mask import PACKED_SDPA
+
 LANES = 65536           # values of a 16-bit lane
 # the softmax of torch's math path: since 2.5 a "safe" one (a row with nothing to attend gives
 # 0s, not NaN); before, the plain one
 SOFTMAX = getattr(torch, "_safe_softmax", torch.softmax)
-ATTENTION = "kit_packed_sdpa"
+ATTENTION = PACKED_SDPA     # the attention implementation's name: kit.models.attention_mask's
 
 
 def keep_mask(shape: torch.Size | tuple, drop_lanes: int, device=None) -> torch.Tensor:
