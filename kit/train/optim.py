@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from kit.train.checkpoint_hardware import CheckpointError   # run_state's, whose refusals these join
+
 # Substrings of parameter names that get no weight decay (biases, LayerNorm / other norms).
 NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm", "norm.weight")
 
@@ -123,7 +125,6 @@ def refuse_other_groups(optimizer, folder) -> None:
         saved = [len(g["params"]) for g in state["param_groups"]]
         here = [len(g["params"]) for g in opt.param_groups]
         if saved != here:
-            from kit.train.run_state import CheckpointError
             raise CheckpointError(
                 f"{folder} was written by another version of the kit: its optimizer state has "
                 f"{len(saved)} parameter group(s), this kit's optimizer {len(here)} (kit.train."

@@ -49,10 +49,11 @@ def finished_profiles(outputs_dir: str | os.PathLike = "outputs",
 def _finished_runs(outputs_dir, candidates: Sequence[str]) -> dict[str, list[float]]:
     """{profile: the metrics.json times of its grid's finished runs} (see finished_profiles)."""
     root = runs.runs_root(outputs_dir)
-    named = []
+    finished, named = {}, []                   # {run id: its metrics.json time}, read once
     for run_dir in runs.run_folders(root) if root.is_dir() else []:
-        if _finished_at(run_dir) is None:
+        if (when := _finished_at(run_dir)) is None:
             continue
+        finished[run_dir.name] = when
         try:
             named.append((runs.read_config(run_dir) or {}).get("profile"))
         except (OSError, ValueError):          # a corrupt file: collect_runs names it later
@@ -60,8 +61,8 @@ def _finished_runs(outputs_dir, candidates: Sequence[str]) -> dict[str, list[flo
     found = {}
     for name in dict.fromkeys([*candidates, *sorted(filter(None, named))]):
         if _in_params(name):
-            times = [t for t in map(_finished_at, profile_run_dirs(name, outputs_dir) or [])
-                     if t is not None]
+            times = [finished[d.name] for d in profile_run_dirs(name, outputs_dir) or []
+                     if d.name in finished]
             if times:
                 found[name] = times
     return found
