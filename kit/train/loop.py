@@ -106,7 +106,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
 
     stop = job.stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
 
-    shape = static_shape(cfg.length_buckets, accelerator.device.type, cfg.max_length,
+    shape = static_shape(cfg.length_buckets, cfg.max_length,
                          -(-cfg.batch_size // accelerator.num_processes) if job.pads_rows else 0)
     reads = job.inputs and (*job.inputs, "weight")
 

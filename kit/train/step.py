@@ -52,13 +52,11 @@ def train_step(accelerator, model, optimizer, loss_terms: Callable[[], dict], ma
 FORWARD = ("input_ids", "attention_mask", "special_mask", "token_type_ids")
 
 
-def static_shape(choice: str, device_type: str, max_length: int, rows: int
-                 ) -> StaticShape | None:
+def static_shape(choice: str, max_length: int, rows: int) -> StaticShape | None:
     """RunConfig.length_buckets: `on` pads every batch to a length bucket and `rows` rows
     (kit.data.pipeline.StaticShape); `auto` is `off` on every device: the CPU measured batches
     of their own longest row faster (no first-use cost to save there), and a GPU has not yet
-    measured the difference (docs/gpu.md)."""
-    del device_type          # auto's answer will depend on it once a GPU has measured it
+    measured the difference (docs/gpu.md; auto will take the device once one has)."""
     return StaticShape(max_length, rows) if choice == "on" else None
 
 
