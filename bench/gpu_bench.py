@@ -3,8 +3,9 @@
 Per contender and round (alternated: A B C, C B A): steady steps/s and examples/s, first-epoch
 warm-up, host syncs per training step and per evaluation batch, kernels per step, the GPU's busy
 share, useful TFLOP/s and their share of the bf16 matmul peak measured here (bench/gpu_child.py
-says how). Contenders: kit, kit-buckets (length_buckets on), kit-old (the kit of commit
-OLD_COMMIT, from a git worktree this script makes and removes), trainer-grouped (bf16),
+says how). Contenders: kit, kit-buckets (length_buckets on), kit-graphs (cuda_graphs on),
+kit-old (the kit of commit OLD_COMMIT, from a git worktree this script makes and removes, or
+the folder --old-kit names: a machine given the tree without its git history), trainer-grouped (bf16),
 trainer-compiled (torch_compile, reduce-overhead). Then a grid of SST-2 and RTE points through
 kit.batch with --per-device K for each K (bench/gpu_grid.py), and a PROJECTION of
 params/paper-base.yaml's wall time from the measured rates. Every contender and grid run is
@@ -31,7 +32,8 @@ import gpu_grid  # noqa: E402
 
 REPO = BENCH.parent
 OLD_COMMIT = "a274152"          # the kit before the GPU-first changes (issue #52)
-CONTENDERS = ("kit", "kit-buckets", "kit-old", "trainer-grouped", "trainer-compiled")
+CONTENDERS = ("kit", "kit-buckets", "kit-graphs", "kit-old", "trainer-grouped",
+              "trainer-compiled")
 FULL = {"model": "bert-base-random", "task": "SST-2", "rows": 4000, "max_length": 128,
         "batch_size": 32, "precision": "auto", "peak_size": 8192, "grid_rows": 1000,
         "grid_seeds": 2, "budget_s": 420}
@@ -45,10 +47,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "outputs" / "bench" / "gpu"))
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model, few steps, on the CPU")
     p.add_argument("--contenders", help=f"comma-separated, of {', '.join(CONTENDERS)} (default: "
-                   "all; --cpu-smoke: all but trainer-compiled)")
+                   "all; --cpu-smoke: all but the compiled two)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--grid-k", default="1,2,4", help="K values for --per-device ('' skips)")
     p.add_argument("--budget-s", type=float, help="total seconds (default 420; smoke 240)")
+    p.add_argument("--old-kit", help=f"a folder holding the project at {OLD_COMMIT} (default: a "
+                   "git worktree of it)")
     return p.parse_args(argv)
 
 
@@ -67,9 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
     per_example = useful_flops_per_example(s)
     # torch_compile on a CPU compiles for minutes: the smoke leaves it out unless named
     names = [n for n in (args.contenders or ",".join(
-        c for c in CONTENDERS if not (args.cpu_smoke and c == "trainer-compiled"))).split(",") if n]
+        c for c in CONTENDERS if not (args.cpu_smoke and c in ("trainer-compiled", "kit-graphs")))).split(",") if n]
     with tempfile.TemporaryDirectory() as tmp:
-        old = old_kit(Path(tmp)) if "kit-old" in names else None
+        old = (args.old_kit or old_kit(Path(tmp))) if "kit-old" in names else None
         results = []
         for round_ in range(args.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
                 r["share_of_bf16_peak"] = rate and rate * per_example / peak["flops_per_s"]
                 results.append(r)
         grids = run_grids(s, [int(k) for k in args.grid_k.split(",") if k], Path(tmp), deadline)
-        if old and isinstance(old, str):
+        if old and isinstance(old, str) and not args.old_kit:
             subprocess.run(["git", "worktree", "remove", "--force", old], cwd=REPO,
                            capture_output=True)
     payload = {**meta, "peak": peak, "useful_flops_per_example": per_example,

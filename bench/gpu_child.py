@@ -12,7 +12,8 @@
     kernels, busy      torch.profiler over 5 steps after those: CUDA kernels per step and the
                        share of the window's wall time some kernel ran (CPU: aten ops per step)
 
-Contenders: `kit` (fit(), method bert), `kit-buckets` (length_buckets on), `kit-old` (the same
+Contenders: `kit` (fit(), method bert), `kit-buckets` (length_buckets on), `kit-graphs`
+(cuda_graphs on: the encoder replayed as CUDA graphs, one per bucket), `kit-old` (the same
 harness on the kit of another commit: its folder comes first on sys.path, --kit-root),
 `trainer-grouped` (Trainer, group_by_length, bf16) and `trainer-compiled` (the same with
 torch_compile, mode reduce-overhead).
@@ -258,6 +259,8 @@ def run(contender: str, s: dict) -> dict:
         return run_kit(s, probe)
     if contender == "kit-buckets":
         return run_kit(s, probe, length_buckets="on")
+    if contender == "kit-graphs":
+        return run_kit(s, probe, cuda_graphs="on")
     if contender in ("trainer-grouped", "trainer-compiled"):
         return run_trainer(s, probe, compiled=contender == "trainer-compiled")
     raise ValueError(f"unknown contender {contender!r}")

@@ -15,7 +15,7 @@ CHOICES = {
     "hybrid_weighting": ("paper", "code", "logodds"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "dropout_rng": ("auto", "torch", "packed"),
-    "length_buckets": ("auto", "off", "on"),
+    "length_buckets": ("auto", "off", "on"), "cuda_graphs": ("auto", "off", "on"),
     "guide_loss": ("task", "task+pd", "task+ad", "task+both"), "guide_reduction": ("query", "key"),
     "sampling": ("prop", "sqrt", "anneal", "round-robin"), "budget": ("epochs", "equal_steps"),
 }
@@ -178,8 +178,23 @@ def model_problem(cfg) -> str | None:
     return "parameter 'model' is empty" if not cfg.model else None
 
 
+def graphs_problem(cfg) -> str | None:
+    """A CUDA graph replays one shape: `cuda_graphs: on` trains on length buckets, so an
+    explicit `length_buckets: off` contradicts it; and it compiles the whole encoder, which the
+    layer-wise `compile` would compile a second time."""
+    if cfg.cuda_graphs != "on":
+        return None
+    if cfg.length_buckets == "off":
+        return ("parameter 'cuda_graphs': on replays one graph per length bucket; it needs "
+                "length_buckets auto or on, not off")
+    if cfg.compile:
+        return ("parameter 'cuda_graphs': on compiles the whole encoder; leave compile false "
+                "(the layer-wise compilation) with it")
+    return None
+
+
 RULES = (field_problem, csv_problem, folds_problem, task_problem, multitask_problem,
-         stages_problem, pretrain_problem, model_problem)
+         stages_problem, pretrain_problem, model_problem, graphs_problem)
 
 
 def first_problem(cfg) -> str | None:

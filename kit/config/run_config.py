@@ -96,6 +96,9 @@ class RunConfig:
     mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
                                        # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
     compile: bool = False              # torch.compile the encoder's layer (kit.models.regional_compile)
+    cuda_graphs: str = "auto"          # auto | off | on: the encoder compiled with mode
+                                       # reduce-overhead (CUDA graphs, one per bucket; implies
+                                       # length_buckets); auto: off until a GPU measures it faster
     dropout_rng: str = "auto"          # auto | torch | packed: dropout's mask from 16-bit lanes of
                                        # random words (kit.models.packed_dropout); auto: packed for
                                        # bf16 on a CPU (kit.train.accel.resolve_dropout_rng)

@@ -9,10 +9,21 @@ LayerNorm, GELU, the casts around them); the matmuls stay the same library calls
 Shapes: torch's automatic dynamic by default - the first shape compiles static, a second
 shape recompiles once with symbolic sizes that then serve every length of a length-grouped run;
 `dynamic=False` compiles each shape (a benchmark's fixed batch).
+
+CUDA graphs (`capture_graphs`, RunConfig.cuda_graphs): the whole encoder compiled with mode
+"reduce-overhead", so each length bucket's forward and backward replay as one CUDA graph each
+(~1,400 kernel launches a step become a few; dropout's random numbers are drawn inside the
+graph from inductor's philox seeds). Shapes dynamic from the start: the encoder compiles once
+per mode (training, evaluation) and cudagraph trees record one graph per bucket shape.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+# torch.compile's backend for capture_graphs (tests on a CPU set "aot_eager": the same graph
+# capture without inductor's minutes of code generation)
+GRAPH_BACKEND = "inductor"
 
 
 def repeated_layers(model: nn.Module) -> nn.ModuleList | None:
@@ -32,3 +43,24 @@ def compile_layers(model: nn.Module, dynamic: bool | None = None,
     for layer in layers:
         layer.compile(dynamic=dynamic, backend=backend)
     return len(layers)
+
+
+def capture_graphs(model: nn.Module) -> nn.Module:
+    """Compile, in place, `model`'s encoder (its `backbone`, else the model) with mode
+    reduce-overhead: on CUDA, inductor replays each shape as a CUDA graph; elsewhere it is a
+    plain compilation (inductor skips graphs off CUDA). The compiled function replaces the
+    encoder's `forward` on the instance: its parameters, state-dict names and checkpoints stay
+    as they were. Returns the encoder."""
+    target = getattr(model, "backbone", model)
+    mode = "reduce-overhead" if GRAPH_BACKEND == "inductor" else None
+    compiled = torch.compile(target.forward, backend=GRAPH_BACKEND, mode=mode, dynamic=True)
+
+    def forward(*args, **kwargs):
+        # each call of the encoder is a new step for cudagraph trees (one forward per training
+        # step, one per evaluation batch): the previous replay's outputs, already used, may be
+        # overwritten. Marked outside the compiled function, so no graph breaks on it
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    target.forward = forward
+    return target

@@ -112,6 +112,13 @@ def resolve_dropout_rng(requested: str, device: str, precision: str,
     return "packed" if device == "cpu" and precision == "bf16" and not compiled else "torch"
 
 
+def resolve_cuda_graphs(requested: str, device: str) -> bool:
+    """What `cuda_graphs` means: `on` compiles the encoder with CUDA graphs (on a CPU: the same
+    compilation, with no graphs to replay); `auto` is off on every device until a GPU has
+    measured graphs faster than eager steps (docs/gpu.md)."""
+    return requested == "on"
+
+
 def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,
                      log_with: list | None = None, find_unused_parameters: bool = False):
     """accelerate with autocast at the resolved precision: prepare() wraps the model's forward, so

@@ -27,9 +27,10 @@ from kit.train import progress as kprogress
 from kit.train import run_state
 from kit import runs
 from kit.train import tracking as ktracking
-from kit.models.regional_compile import compile_layers
+from kit.models.regional_compile import capture_graphs, compile_layers
 from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
-                             reset_peak_memory, resolve_dropout_rng)
+                             reset_peak_memory, resolve_cuda_graphs,
+                             resolve_dropout_rng)
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import Examples
 from kit.data.tensors import collate
@@ -86,8 +87,9 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     main = accelerator.is_main_process
     job = build(cfg)
     job.writer = main                      # only the main process writes files
+    graphs = resolve_cuda_graphs(cfg.cuda_graphs, accelerator.device.type)
     dropout_rng = resolve_dropout_rng(cfg.dropout_rng, accelerator.device.type,
-                                      accelerator.mixed_precision, cfg.compile)
+                                      accelerator.mixed_precision, cfg.compile or graphs)
     if dropout_rng == "packed":            # before prepare: DDP and autocast wrap the swapped model
         # imported here: it loads transformers' modeling code (and with it scipy), which a
         # kernel importing this loop need not pay for before a model is built
@@ -106,7 +108,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
 
     stop = job.stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
 
-    shape = static_shape(cfg.length_buckets, cfg.max_length,
+    shape = static_shape("on" if graphs else cfg.length_buckets, cfg.max_length,
                          -(-cfg.batch_size // accelerator.num_processes) if job.pads_rows else 0)
     reads = job.inputs and (*job.inputs, "weight")
 
@@ -122,6 +124,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     job.resumed(progress.epoch + (inside is not None))
     if cfg.compile:     # in place: the model, its state-dict names and checkpoints unchanged
         compile_layers(unwrapped)
+    if graphs:          # likewise
+        capture_graphs(unwrapped)
     # lr follows the position in the data, not a count of updates: an fp16 step the loss scaler
     # skips (inf / NaN gradients) loses its update but does not shift the schedule, which stays
     # what resume restores (accelerate's own skip flag is wrong with fused AdamW: docs/gpu.md)
@@ -265,7 +269,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             "resumed_on_other_hardware": progress.other_hardware,
             "processes": accelerator.num_processes,
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision,
-            "dropout_rng": dropout_rng, "length_buckets": "off" if shape is None else "on"}
+            "dropout_rng": dropout_rng, "length_buckets": "off" if shape is None else "on",
+            "cuda_graphs": "on" if graphs else "off"}
 
 
 def shown_epoch(epoch: int, cfg: RunConfig) -> str:
