@@ -163,6 +163,15 @@ COMPILE_LINE = ("off — compile: true compiles the encoder's layer: 1-2% off a 
                 "an H100")
 
 
+def graphs_line(device: str) -> str:
+    """What `cuda_graphs: auto` does here and why (kit.train.accel.resolve_cuda_graphs)."""
+    if device != "cuda":
+        return f"off — CUDA graphs replay on a CUDA GPU only; this machine trains on {device}"
+    return (f"on for runs of {accel.GRAPHS_MIN_STEPS:,}+ steps without attention guiding, else "
+            "off — measured on an H200 (BERT-base, bf16, batch 32): 65 steps/s with graphs "
+            "against 20 eager, after ~70 s of compilation (break-even ~2,100 steps)")
+
+
 def report() -> dict[str, dict[str, str]]:
     """The doctor's sections but the probe's, each a dict of key -> "value — reason"."""
     from accelerate.commands.config import default_config_file
@@ -177,6 +186,7 @@ def report() -> dict[str, dict[str, str]]:
             "device": device_line(device, forced_cpu, gpu),
             "precision (auto)": precision_line(device, precision, accel.cpu_bf16_pretended()),
             "compile": COMPILE_LINE,
+            "cuda_graphs (auto)": graphs_line(device),
             "accelerate launch": launch_processes(Path(default_config_file), cuda_count),
             "kit processes": "1 — kit.batch / kit.run --processes N (N > 1: torchrun, one per "
                              "GPU or gloo CPU processes)",

@@ -79,3 +79,14 @@ def test_capture_keeps_the_parameters_and_state_dict_names(monkeypatch):
     assert regional.capture_graphs(model) is model.backbone
     assert list(model.state_dict()) == names
     assert [id(p) for p in model.parameters()] == params
+
+
+@pytest.mark.parametrize("requested, device, steps, eligible, want", [
+    ("on", "cpu", 0, False, True), ("off", "cuda", 10**6, True, False),
+    ("auto", "cuda", 4200, True, True), ("auto", "cuda", 4199, True, False),
+    ("auto", "cuda", 10**6, False, False), ("auto", "cpu", 10**6, True, False),
+    ("auto", "mps", 10**6, True, False)])
+def test_auto_takes_graphs_where_a_gpu_measured_them_faster(requested, device, steps, eligible,
+                                                           want):
+    from kit.train.accel import resolve_cuda_graphs
+    assert resolve_cuda_graphs(requested, device, steps, eligible) is want

@@ -80,8 +80,13 @@ def test_report_sections_and_keys(machine, monkeypatch, tmp_path):
     assert sections["machine"]["gpu"] == gpu
     assert sections["decisions"]["device"] == f"cuda — CUDA GPU: {gpu}"
     assert list(sections["decisions"]) == ["device", "precision (auto)", "compile",
-                                           "accelerate launch", "kit processes", "trackers"]
+                                           "cuda_graphs (auto)", "accelerate launch",
+                                           "kit processes", "trackers"]
     assert sections["decisions"]["compile"].startswith("off — ")
+    assert sections["decisions"]["cuda_graphs (auto)"].startswith(
+        "on for runs of 4,200+ steps without attention guiding, else off — measured on an H200")
+    assert doctor.graphs_line("cpu") == ("off — CUDA graphs replay on a CUDA GPU only; this "
+                                         "machine trains on cpu")
     assert sections["decisions"]["accelerate launch"].startswith("1 — no accelerate config")
     assert sections["decisions"]["trackers"] == ("installed: tensorboard; report_to auto -> "
                                                  "tensorboard")

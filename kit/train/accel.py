@@ -112,11 +112,22 @@ def resolve_dropout_rng(requested: str, device: str, precision: str,
     return "packed" if device == "cpu" and precision == "bf16" and not compiled else "torch"
 
 
-def resolve_cuda_graphs(requested: str, device: str) -> bool:
-    """What `cuda_graphs` means: `on` compiles the encoder with CUDA graphs (on a CPU: the same
-    compilation, with no graphs to replay); `auto` is off on every device until a GPU has
-    measured graphs faster than eager steps (docs/gpu.md)."""
-    return requested == "on"
+# cuda_graphs: auto's threshold. Measured on one H200 (bench/gpu.sh, BERT-base, bf16, SST-2,
+# batch 32; docs/benchmarks.md): 20.2 steps/s eager, 65.3 with graphs, after 72 s of compilation
+# on 16 host cores: break-even at ~2,100 steps. Twice that, for hosts that compile slower.
+GRAPHS_MIN_STEPS = 4200
+
+
+def resolve_cuda_graphs(requested: str, device: str, planned_steps: int,
+                        eligible: bool) -> bool:
+    """What `cuda_graphs` means: `on` compiles the encoder with CUDA graphs (kit.models.
+    regional_compile.capture_graphs; on a CPU the same compilation, with no graphs to replay).
+    `auto`: on where a GPU measured it faster - a CUDA run of at least GRAPHS_MIN_STEPS steps
+    that is `eligible`: its encoder returns no attention maps (attention guiding's eager
+    attention has not met the graphs on a GPU) and is not compiled layer-wise - else off."""
+    if requested != "auto":
+        return requested == "on"
+    return device == "cuda" and eligible and planned_steps >= GRAPHS_MIN_STEPS
 
 
 def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,

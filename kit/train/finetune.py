@@ -74,6 +74,8 @@ class SingleTask(loop.Job):
                     for name, split in self.data.dev.items()}
         self.has_test = bool(self.data.test)
         self.ssa = SSASettings.from_config(cfg)
+        # the optimizer steps of its original rows (SSA's masked variants come on top)
+        self.planned_steps = cfg.epochs * -(-len(self.train) // (cfg.batch_size * cfg.grad_accum))
 
     def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
         cfg, task = self.cfg, self.tasks[0]

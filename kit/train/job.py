@@ -39,6 +39,9 @@ class Job:
     inputs: tuple[str, ...] | None = None
     # length_buckets may pad its batches with rows of weight 0 (its losses weigh them)
     pads_rows = True
+    # the run's optimizer steps, as far as known before training (cuda_graphs: auto weighs its
+    # compilation against them); 0: unknown, and auto leaves graphs off
+    planned_steps = 0
 
     def resumed(self, epoch: int) -> None:
         """Fast-forward any state that carries across epochs to where it was once the batches of

@@ -87,7 +87,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     main = accelerator.is_main_process
     job = build(cfg)
     job.writer = main                      # only the main process writes files
-    graphs = resolve_cuda_graphs(cfg.cuda_graphs, accelerator.device.type)
+    graphs = resolve_cuda_graphs(cfg.cuda_graphs, accelerator.device.type, job.planned_steps,
+                                 cfg.guide_loss == "task" and not cfg.compile)
     dropout_rng = resolve_dropout_rng(cfg.dropout_rng, accelerator.device.type,
                                       accelerator.mixed_precision, cfg.compile or graphs)
     if dropout_rng == "packed":            # before prepare: DDP and autocast wrap the swapped model
