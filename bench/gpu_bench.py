@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
         results = []
         for round_ in range(args.rounds):
             for name in names if round_ % 2 == 0 else names[::-1]:
-                # the contenders get the first 60% of the budget, the grid the rest
-                left = started + 0.6 * (deadline - started) - time.monotonic()
+                # the contenders get the first 60% of the budget, the grid the rest (all of it
+                # when no grid is asked for)
+                share = 0.6 if args.grid_k else 1.0
+                left = started + share * (deadline - started) - time.monotonic()
                 r = tried(lambda: run_child(name, s, Path(tmp), left, old), left)
                 r.update(contender=name, round=round_)
                 rate = r.get("steady_examples_per_s")
