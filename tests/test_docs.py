@@ -223,7 +223,7 @@ def command_problems(chunk: str) -> list[str]:
             continue
         if head in commands:
             command = head
-        elif head in PROFILES or head == "PROFILE":
+        elif head in PROFILES or head == "PROFILE" or head.startswith("my-"):   # my-*: yours
             command = "*"
         elif head.startswith("-") or re.fullmatch(r"[a-z][\w-]*", head):
             problems.append(f"`run_all.sh {head}`: no such subcommand of run_all.sh "
@@ -374,9 +374,11 @@ def path_problems(chunk: str) -> list[str]:
             continue                            # `file: problem`, an error message's example
         raw = m[1]
         path, _, name = raw.partition("::")
-        if not (path.startswith(TRACKED) or path in ROOT_FILES) or "PROFILE" in path:
+        if not (path.startswith(TRACKED) or path in ROOT_FILES):
             continue
         file = ROOT / path
+        if re.fullmatch(r"[A-Z_]+|my-.*", file.stem):
+            continue                            # the docs' placeholders: params/NAME.yaml, yours
         if not file.exists():
             problems.append(f"`{raw}`: no file {path}")
         elif name and not re.search(rf"^\s*(?:def|class) {name.replace('*', '.*')}\b",
@@ -481,3 +483,17 @@ def test_every_bench_entry_point_is_in_bench_readme():
                 and any(n in t for o, t in files.items() if o != n)}
     readme = doc_text("bench/README.md")
     assert sorted(n for n in entries - children if n not in readme) == []
+
+
+def test_profiles_page_has_a_row_per_profile_key_and_errors_md_the_real_message(tmp_path):
+    """docs/profiles.md's key table is PROFILE_KEYS; errors.md quotes the message the kit gives."""
+    from kit.config.profiles import read_spec
+    from kit.config.run_config import ConfigError
+    table = re.search(r"^## The keys\n(.*?)^## ", doc_text("docs/profiles.md"), re.S | re.M)[1]
+    assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == PROFILE_KEYS
+    path = tmp_path / "p.yaml"
+    path.write_text("gird: {task: RTE}\n")
+    with pytest.raises(ConfigError) as err:
+        read_spec(path)
+    message = str(err.value).replace(str(path), "params/p.yaml")
+    assert f"`{message}`" in doc_text("docs/errors.md")
