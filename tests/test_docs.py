@@ -497,3 +497,22 @@ def test_profiles_page_has_a_row_per_profile_key_and_errors_md_the_real_message(
         read_spec(path)
     message = str(err.value).replace(str(path), "params/p.yaml")
     assert f"`{message}`" in doc_text("docs/errors.md")
+
+
+def test_ssa_pages_equation_table_names_functions_its_files_define():
+    """Each row of docs/ssa.md's "The paper in the code": the files its last cell names exist,
+    and each `name` (or `Class.method`) there is defined in one of them."""
+    table = re.search(r"^## The paper in the code\n(.*?)^## ", doc_text("docs/ssa.md"), re.S | re.M)[1]
+    rows = [r.split(" | ") for r in re.findall(r"^\| (.+) \|$", table, re.M)][2:]
+    assert len(rows) >= 12
+    problems = []
+    for row in rows:
+        where = row[-1]
+        files = [ROOT / f for f in re.findall(r"((?:kit|params)/[\w/-]+\.(?:py|yaml))", where)]
+        assert files and all(f.exists() for f in files), where
+        source = "\n".join(f.read_text() for f in files)
+        for name in re.findall(r"`([\w.]+)`", where):
+            if not all(re.search(rf"^\s*(?:def|class) {part}\b", source, re.M)
+                       for part in name.split(".")):
+                problems.append(f"{name}: not defined in {', '.join(f.name for f in files)}")
+    assert not problems
