@@ -34,14 +34,11 @@ NOTEBOOKS = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
 # the user's own files are not the checkout's)
 TRACKED = ("kit/", "params/", "notebooks/", "tests/", "bench/", "docs/", "data/glue/")
 ROOT_FILES = ("run_all.sh", "pyproject.toml", "environment.yml", "README.md", "RESULTS.md")
-# flags of other programs (sbatch, srun, torchrun, pip, configure, tensorboard) that the docs
-# quote in prose: never the kit's, whose flags are read from its parsers
-FOREIGN_FLAGS = {"--account", "--constraint", "--export", "--mem", "--qos", "--requeue",
-                 "--signal", "--open-mode", "--job-name", "--output", "--ntasks-per-node",
-                 "--gpus-per-node", "--nproc_per_node", "--signals-to-handle",
-                 "--shutdown-timeout", "--enable-optimizations", "--enable-shared",
-                 "--logdir", "--find-links", "--no-deps", "--no-index", "--dest", "--platform",
-                 "--python-version", "--batch"}
+# flags of other programs that the docs quote alone in prose (sbatch, torchrun, pip, CPython's
+# configure): never the kit's, whose flags are read from its parsers
+FOREIGN_FLAGS = {"--mem", "--qos", "--constraint", "--export", "--requeue", "--signal",
+                 "--signals-to-handle", "--shutdown-timeout", "--python-version", "--platform",
+                 "--enable-optimizations", "--enable-shared"}
 
 
 # ---------------------------------------------------------------- what exists (from the code)
@@ -389,8 +386,7 @@ def path_problems(chunk: str) -> list[str]:
 
 def slug(heading: str) -> str:
     """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_](?=\S)|(?<=\S)[`*]", "", heading.strip()) if False else heading.strip()
-    text = re.sub(r"[^\w\- ]", "", text.replace("`", "").lower())
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
 
 
@@ -516,3 +512,44 @@ def test_ssa_pages_equation_table_names_functions_its_files_define():
                        for part in name.split(".")):
                 problems.append(f"{name}: not defined in {', '.join(f.name for f in files)}")
     assert not problems
+
+
+# ---------------------------------------------------------------- the checker catches drift
+
+@pytest.mark.parametrize("chunk, expected", [
+    ("run_all.sh PROFILE [ARGS]  the grid of params/PROFILE.yaml (--shard i/n, --rerun ...)",
+     ["`run_all.sh PROFILE ... --rerun`: --rerun is no option of run_all.sh PROFILE"]),
+    ("./run_all.sh demo --per-device 2 --shard 0/2", []),
+    ("./run_all.sh smoke --rerun", ["`run_all.sh smoke ... --rerun`: --rerun is no option of "
+                                    "run_all.sh PROFILE"]),
+    ("python -m kit.run --task RTE --rerun", []),
+    ("./run_all.sh run task=RTE lrr=1e-4", ["`run_all.sh run lrr=...`: no RunConfig field 'lrr'"]),
+    ("./run_all.sh slurm smoke --sbatch --mem=8G --dry-run", []),
+    ("./run_all.sh slurm smoke --shard 0/2",
+     ["`run_all.sh slurm ... --shard`: --shard is no option of run_all.sh slurm"]),
+    ("python -m kit.predict RUN in.csv --out p.csv --text-column a",
+     ["`python -m kit.predict ... --text-column`: --text-column is no option of kit.predict"]),
+    ("python -m kit.nothing", ["`python -m kit.nothing`: no module kit/nothing.py"]),
+    ("papermill notebooks/gamma.ipynb out.ipynb -p profile gamma -p gammas 1",
+     ["`papermill ... -p gammas`: no RunConfig field or notebook parameter 'gammas'"]),
+])
+def test_the_checker_flags_a_command_that_does_not_exist(chunk, expected):
+    assert command_problems(chunk) == expected
+
+
+def test_the_checker_flags_names_files_and_links_that_do_not_exist(tmp_path):
+    assert dotted_problems("`kit.cluster.signals.Forwarder`") == []
+    assert dotted_problems("kit.kernels.Forwarder") == ["`kit.kernels.Forwarder`: no such "
+                                                       "module or name in kit"]
+    assert path_problems("tests/test_docs.py::test_no_such") == [
+        "`tests/test_docs.py::test_no_such`: tests/test_docs.py has no test or class matching "
+        "test_no_such"]
+    assert path_problems("kit/kernels.py") == ["`kit/kernels.py`: no file kit/kernels.py"]
+    assert parameter_span_problems("label_rul: code") == [
+        "`label_rul: code`: 'label_rul' is no RunConfig field, profile key or key the kit writes"]
+    assert yaml_problems("grid:\n  task: RTE\n  lrr: 1\nfigure: [cost]\n") == [
+        "yaml: 'figure' is no profile key (description, figures, grid, notebook, per_device, "
+        "report, skip_missing_tasks, task_overrides)"]
+    assert anchors(ROOT / "docs/kaggle.md") >= {"2-in-jupyterlab-every-fold-in-one-run-all"}
+    assert slug("Encoder families: sentence representation R_CLS") == \
+        "encoder-families-sentence-representation-r_cls"
