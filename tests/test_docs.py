@@ -553,3 +553,29 @@ def test_the_checker_flags_names_files_and_links_that_do_not_exist(tmp_path):
     assert anchors(ROOT / "docs/kaggle.md") >= {"2-in-jupyterlab-every-fold-in-one-run-all"}
     assert slug("Encoder families: sentence representation R_CLS") == \
         "encoder-families-sentence-representation-r_cls"
+
+
+# ---------------------------------------------------------------- the pages' profiles load
+
+def page_yaml(doc: str, index: int = 0) -> str:
+    return re.findall(r"^```yaml\n(.*?)^```", doc_text(doc), re.S | re.M)[index]
+
+
+def test_the_profile_pages_examples_load_as_they_say(tmp_path):
+    """profiles.md's example is 2 x 2 x 3 = 12 points with CoLA's override; kaggle.md's is five
+    fold points reading both text columns as one value; `[sentence1, sentence2]` instead would
+    be two points, one column each (the page's warning)."""
+    from kit.config.profiles import load_profile
+    path = tmp_path / "mine.yaml"
+    path.write_text(page_yaml("docs/profiles.md"))
+    points = load_profile(str(path), str(tmp_path)).points
+    assert len(points) == 12
+    assert {p["max_train_examples"] for p in points if p["task"] == "CoLA"} == {1500}
+    kaggle = page_yaml("docs/kaggle.md")
+    path.write_text(kaggle)
+    points = load_profile(str(path), str(tmp_path)).points
+    assert [p["fold"] for p in points] == [0, 1, 2, 3, 4]
+    assert all(p["csv_text_columns"] == ["sentence1", "sentence2"] for p in points)
+    path.write_text(kaggle.replace("[[sentence1, sentence2]]", "[sentence1, sentence2]"))
+    columns = [p["csv_text_columns"] for p in load_profile(str(path), str(tmp_path)).points]
+    assert columns == ["sentence1"] * 5 + ["sentence2"] * 5
