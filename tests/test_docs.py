@@ -103,11 +103,13 @@ def run_all_commands() -> dict[str, set[str]]:
     """run_all.sh's subcommands (each name of each `case` branch; `*` is a profile) -> the flags
     that branch takes: those of the kit module or program it runs, or the ones it reads itself."""
     text = (ROOT / "run_all.sh").read_text()
+    functions = dict(re.findall(r"^([\w-]+)\(\) \{\n(.*?)^\}", text, re.S | re.M))
     commands: dict[str, set[str]] = {}
     for names, body in re.findall(r"^\s+([^\s()#]+)\)(.*?);;", text, re.S | re.M):
-        module = re.search(r"-m ([\w.]+)", body)
-        flags = module_flags(module[1]) if module else set(
-            re.findall(r"(?<![\w-])(--[a-z][\w-]*)", body))
+        # a branch may call a shell function of the script: its body counts as the branch's
+        body += "".join(functions[w] for w in re.findall(r"[\w-]+", body) if w in functions)
+        flags = set().union(*(module_flags(m) for m in re.findall(r"-m ([\w.]+)", body)))
+        flags |= set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", body))
         for name in names.split("|"):
             commands.setdefault(name, set()).update(flags)
     return commands
