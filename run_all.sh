@@ -30,7 +30,7 @@ usage() {
 usage: ./run_all.sh [COMMAND | PROFILE] [ARGS...]      (set-up of .venv first, when needed)
 
   (nothing)            the demo profile: set-up if needed, train, tables, figures, report
-  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--shard i/n, --processes N, --rerun ...)
+  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--shard i/n, --processes N, --per-device K ...)
   run KEY=VALUE ...    one run from the command line (task=RTE method=ssa-h seed=0 ...)
   test [PYTEST ARGS]   the test suite (a pytest worker per core, at most 4)
   doctor [--json]      what the kit will do on this machine and why, with a 5 s speed probe and

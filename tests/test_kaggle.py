@@ -308,8 +308,10 @@ def test_kaggle_notebook_is_thin_and_clean():
                    for line in c.source.splitlines())
     names = [line.split("=")[0].strip() for line in tagged[0].source.splitlines()
              if "=" in line and not line.startswith("#")]
-    # RunConfig fields, once each (tests/test_run.py checks the cell's names and defaults)
-    assert len(names) == len(set(names)) and set(names) <= set(RunConfig.__dataclass_fields__)
+    # RunConfig fields, once each, and all_folds, the one name the notebook keeps for itself
+    # (tests/test_run.py checks the cell's names and defaults)
+    assert len(names) == len(set(names))
+    assert set(names) - set(RunConfig.__dataclass_fields__) == {"all_folds"}
 
 
 def test_kaggle_notebook_through_papermill(tmp_path, run_notebook):
@@ -328,6 +330,28 @@ def test_kaggle_notebook_through_papermill(tmp_path, run_notebook):
     averaged = pd.read_csv(tmp_path / "outputs" / "submissions" / f"{runs[0].name}-folds.csv",
                            dtype={"id": str})
     pd.testing.assert_frame_equal(averaged, fold0)
+
+
+def test_the_kaggle_pages_five_folds_in_one_run_all(tmp_path, run_notebook):
+    """docs/kaggle.md's JupyterLab step: `all_folds = True`, Run All. Five fold runs of the
+    notebook's config, and the submission where the page says: the mean of the five folds'
+    submission.csv under outputs/submissions/<fold-0 run id>-folds.csv, the test file's ids in
+    its order."""
+    outputs = tmp_path / "outputs"
+    out = tmp_path / "executed.ipynb"
+    run_notebook(NOTEBOOK, out, outputs_dir=str(outputs), all_folds=True)
+    made = sorted((outputs / "runs").iterdir())
+    configs = [json.loads((d / "config.json").read_text()) for d in made]
+    assert sorted(c["fold"] for c in configs) == [0, 1, 2, 3, 4]
+    assert all(json.loads((d / "metrics.json").read_text())["status"] == "ok" for d in made)
+    fold0 = next(d for d, c in zip(made, configs) if c["fold"] == 0)
+    page = (REPO / "docs" / "kaggle.md").read_text()
+    assert "outputs/submissions/<fold-0 run id>-folds.csv" in page and "all_folds = True" in page
+    submission = pd.read_csv(outputs / "submissions" / f"{fold0.name}-folds.csv", dtype={"id": str})
+    folds = [pd.read_csv(d / "submission.csv", dtype={"id": str}) for d in made]
+    assert submission["id"].tolist() == pd.read_csv(STSB_TEST, dtype=str)["id"].tolist()
+    np.testing.assert_allclose(submission["score"], sum(f["score"] for f in folds) / 5)
+    assert "mean ± std (n=5/5)" in out.read_text()
 
 
 def test_shipped_kaggle_and_guiding_profiles():
@@ -385,11 +409,13 @@ def test_csv_test_file_gives_submission_with_ids_in_order_and_class_names(tmp_pa
     test_tsv = pd.read_csv(run_dir_of(cfg) / "predictions" / "test.tsv", sep="\t", dtype=str,
                            keep_default_na=False)
     assert test_tsv["prediction"].tolist() == sub["sentiment"].tolist()
-    # the best weights kept in memory (no checkpoints) predict the same submission
-    in_memory = dataclasses.replace(cfg, save_checkpoints=False, outputs_dir=str(tmp_path / "o2"))
-    fit(in_memory)
-    assert (run_dir_of(in_memory) / "submission.csv").read_text() == \
+    # without save_checkpoints the best epoch's checkpoint is written all the same, read back
+    # for the submission, then removed with checkpoint/: the same submission
+    unkept = dataclasses.replace(cfg, save_checkpoints=False, outputs_dir=str(tmp_path / "o2"))
+    fit(unkept)
+    assert (run_dir_of(unkept) / "submission.csv").read_text() == \
         (run_dir_of(cfg) / "submission.csv").read_text()
+    assert not (run_dir_of(unkept) / "checkpoint").exists()
 
 
 def test_test_file_problems_are_one_line(tmp_path):
