@@ -30,13 +30,18 @@ usage() {
 usage: ./run_all.sh [COMMAND | PROFILE] [ARGS...]      (set-up of .venv first, when needed)
 
   (nothing)            the demo profile: set-up if needed, train, tables, figures, report
-  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--shard i/n, --processes N, --rerun ...)
+  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--only task=RTE,MRPC, --shard i/n ...)
   run KEY=VALUE ...    one run from the command line (task=RTE method=ssa-h seed=0 ...)
   test [PYTEST ARGS]   the test suite (a pytest worker per core, at most 4)
   doctor [--json]      what the kit will do on this machine and why, with a 5 s speed probe and
                        the expected times of the demo and of the tests
   report [PROFILE]     no training: rebuild PROFILE's (default demo) tables, figures and report
   slurm PROFILE [...]  the profile as a SLURM job array (--array N, --time T, --dry-run ...)
+  plan PROFILE [...]   no training: per point and in total the steps, predicted time, memory
+                       and disk on this machine, and the slurm request (--only, --json)
+  setup                set-up alone (needs the package index once), then exit
+  fetch [TASK ...] [--model ID ...]   on a networked machine: GLUE tasks into data/glue and
+                       models into the Hugging Face cache, for offline runs after
   -h, --help           this list
 
 More: python -m kit.batch --help (profiles and batches), python -m kit.run --help (every run
@@ -105,6 +110,10 @@ case "${1:-demo}" in
   slurm)
     shift
     exec "$PY" -m kit.slurm "$@"
+    ;;
+  plan)
+    shift
+    exec "$PY" -m kit.plan "$@"
     ;;
   report)
     shift

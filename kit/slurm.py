@@ -1,7 +1,7 @@
 """A profile on a SLURM cluster: a job array whose task i of N runs shard i/N of the grid, or one
 job of several nodes that runs every point on all of them.
 
-    ./run_all.sh slurm PROFILE [--array N] [--max-parallel K] [--nodes N] [--time T]
+    ./run_all.sh slurm PROFILE [--only KEY=V1,V2 ...] [--array N] [--max-parallel K] [--nodes N] [--time T]
         [--partition P] [--gpus-per-task G] [--cpus-per-task C] [--processes N]
         [--signal-grace S] [--max-requeues R] [--sbatch 'LINE' ...] [--outputs DIR] [--dry-run]
 
@@ -23,14 +23,14 @@ from pathlib import Path
 
 from kit import io as kio
 from kit.cluster.signals import DEFAULT_GRACE_S
-from kit.cluster.slurm_script import (ARRAY, BODY, DEFAULT_REQUEUES, EARLY_S, HEAD,  # noqa: F401
+from kit.cluster.slurm_script import (ARRAY, BODY, DEFAULT_REQUEUES, DEFAULT_TASKS_CAP,  # noqa: F401
+                                      EARLY_S, HEAD,
                                       NODES, Array, batch_command, directives, script)
 from kit.config.grids import chains, frozen
 from kit.config.paths import outputs_root
 from kit.config.profiles import load_profile, profile_path
 from kit.config.run_config import ConfigError
 
-DEFAULT_TASKS_CAP = 100     # a default array this size stays under most clusters' job limits
 
 
 # ---------------------------------------------------------------- options
@@ -104,6 +104,9 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="./run_all.sh slurm", description=__doc__.splitlines()[0])
     p.add_argument("profile", help="a name in params/ (smoke, glue-small ...) or a YAML path")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                   help="only the grid's points whose KEY is one of the values, e.g. "
+                        "task=RTE,MRPC (repeatable; the whole profile's run ids)")
     p.add_argument("--array", type=int, help="tasks in the array (default: one per chain of "
                    f"the grid, at most {DEFAULT_TASKS_CAP}); task i runs chains i, i+N ...")
     p.add_argument("--max-parallel", type=int, metavar="K", help="at most K tasks at once")
@@ -141,7 +144,7 @@ def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
     --dry-run, before anything is written."""
     args = parser().parse_args(_joined(sys.argv[1:] if argv is None else argv))
     outputs = Path(args.outputs).resolve()
-    profile = load_profile(args.profile, str(outputs))
+    profile = load_profile(args.profile, str(outputs), args.only)
     check(args, len(profile.points), len(chains(profile.points)))
     text, digest = frozen(profile)
     grid = outputs / "slurm" / f"grid-{digest}" / profile_path(args.profile).name
