@@ -32,7 +32,7 @@ import functools
 import sys
 import time
 
-from kit.cluster import grid, pool
+from kit.cluster import costs, grid, pool
 from kit.cluster.grid import resume_first
 from kit.cluster.kernels import Kernels, prepare_kernels
 from kit.cluster.point import NOTEBOOK_FAILED, execute, failure_reason  # noqa: F401 (kit.run)
@@ -63,6 +63,9 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     steps = {p: (r.get("preempted") or {}).get("step") for p, r in grid.records(points).items()}
     started = time.perf_counter()
     absent = preflight(profile, points)
+    if not ignore_disk:
+        costs.check_disk(points, {k for k, r in grid.records(points).items()
+                                  if r.get("status") == "ok"}, outputs_root(outputs_dir))
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s"
           f"{f', {per_device} at once' if per_device > 1 else ''}", flush=True)

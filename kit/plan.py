@@ -24,7 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kit import methods
 from kit.cluster import costs
 from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
 from kit.config.paths import outputs_root
@@ -36,6 +35,7 @@ from kit.models.backbones import ModelError, is_hub_id, load_tokenizer
 
 MARGIN = 1.5                # slurm --time: the longest task's prediction x MARGIN ...
 MARGIN_MIN_S = 600          # ... and at least this much more (start-up, a slower node)
+MARGIN_TEXT = f"x{MARGIN} + {MARGIN_MIN_S // 60} min"
 GB = 1024 ** 3
 
 
@@ -60,13 +60,6 @@ def saved_bytes(tokenizer) -> int:
         return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
-def plannable(cfg: RunConfig) -> str | None:
-    """Why a point is not planned (None: it is): multi-task and pretraining points."""
-    kind = methods.get(cfg.method)
-    return ("multi-task" if kind.multitask else "masked-LM pretraining" if kind.pretrain
-            else None)
-
-
 def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None) -> dict:
     """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`."""
     from kit.train.accel import cpu_threads
@@ -76,7 +69,7 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
     tokenizers, tok_bytes, probes, points = {}, {}, {}, []
     for point in profile.points:
         cfg = RunConfig.from_dict(point)
-        if (why := plannable(cfg)) is not None:
+        if (why := costs.plannable_kind(cfg)) is not None:
             points.append({"run_id": cfg.run_id, "label": _label(cfg), "not_planned": why})
             continue
         if cfg.model not in tokenizers:
@@ -111,7 +104,8 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
     # is not proportional to its tokens (weights, optimizer), so it is taken as it is
     train_s = work.steps * probe["s_per_step"]
     eval_s = work.eval_rows / cfg.eval_batch_size * probe["s_per_eval_batch"]
-    seconds = train_s + eval_s + probe["build_s"] + facts.tokenize_s
+    prepare_s = probe["build_s"] + facts.tokenize_s      # the model built, the rows tokenized
+    seconds = train_s + eval_s + prepare_s
     disk = costs.disk(cfg, facts, probe["model_bytes"], probe["optimizer_bytes"],
                       tokenizer_bytes)
     return {"run_id": cfg.run_id, "label": _label(cfg), "model": cfg.model,
@@ -121,7 +115,7 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
             "batch_size": cfg.batch_size, "steps": work.steps, "gamma": cfg.gamma,
             "extra_examples": work.extra_rows, "eval_rows": work.eval_rows,
             "seconds": round(seconds, 1), "train_s": round(train_s, 1),
-            "eval_s": round(eval_s, 1), "memory_bytes": probe["peak_memory_bytes"],
+            "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1), "memory_bytes": probe["peak_memory_bytes"],
             "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
             "keeps_checkpoint": cfg.save_checkpoints}
 
@@ -156,16 +150,24 @@ def slurm_request(points: list[dict], total: dict, probes: dict) -> dict:
     (CPU) or host memory for the weights and data (GPU) with the same margin; a GPU a task
     where the probes ran on one."""
     tasks = max(1, min(len(points), DEFAULT_TASKS_CAP))
-    per_task = [sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)]
-    longest = max(per_task, default=0.0)
+    longest = max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)), default=0.0)
     seconds = math.ceil(longest * MARGIN + MARGIN_MIN_S)
     gpu = any(p["device"].startswith("cuda") for p in probes.values())
     memory = max((p["model_bytes"] * 4 if gpu else p["peak_memory_bytes"]
                   for p in probes.values()), default=0)
     mem_gb = max(4, math.ceil(memory * MARGIN / GB) + 2)
     return {"tasks": tasks, "time": hms(seconds), "time_s": seconds,
-            "longest_task_s": round(longest, 1), "margin": f"x{MARGIN} + {MARGIN_MIN_S // 60} min",
+            "longest_task_s": round(longest, 1), "margin": MARGIN_TEXT,
             "mem": f"{mem_gb}G", "gpus_per_task": 1 if gpu else 0}
+
+
+def task_time(result: dict, groups: list[list[str]]) -> tuple[str, float]:
+    """(--time, the longest task's predicted seconds) for tasks running `groups` of run ids
+    one after another (a point the plan could not time counts as its profile's slowest)."""
+    seconds = {p["run_id"]: p["seconds"] for p in result["points"] if "seconds" in p}
+    slowest = max(seconds.values(), default=0.0)
+    longest = max((sum(seconds.get(r, slowest) for r in g) for g in groups), default=0.0)
+    return hms(longest * MARGIN + MARGIN_MIN_S), longest
 
 
 def hms(seconds: float) -> str:

@@ -112,7 +112,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-parallel", type=int, metavar="K", help="at most K tasks at once")
     p.add_argument("--nodes", type=int, default=1, help="N > 1: one job on N nodes, every "
                    "point on all of them (kit.batch --nodes)")
-    p.add_argument("--time", help="each task's time limit, HH:MM:SS (or SLURM's D-HH:MM:SS)")
+    p.add_argument("--time", help="each task's time limit, HH:MM:SS (or SLURM's D-HH:MM:SS); "
+                   "default: the plan's (./run_all.sh plan: the longest task's predicted time on "
+                   "this machine's device, with a margin)")
     p.add_argument("--partition")
     p.add_argument("--gpus-per-task", help="a count, or TYPE:COUNT")
     p.add_argument("--cpus-per-task", type=int)
@@ -146,6 +148,8 @@ def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
     outputs = Path(args.outputs).resolve()
     profile = load_profile(args.profile, str(outputs), args.only)
     check(args, len(profile.points), len(chains(profile.points)))
+    if args.time is None:
+        args.time = planned_time(profile, args)
     text, digest = frozen(profile)
     grid = outputs / "slurm" / f"grid-{digest}" / profile_path(args.profile).name
     extra = [sbatch_line(line) for line in args.sbatch]
@@ -153,6 +157,25 @@ def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
                  args.gpus_per_task, args.cpus_per_task, args.processes, args.signal_grace,
                  extra, max_parallel=args.max_parallel, nodes=args.nodes,
                  max_requeues=args.max_requeues), text, args.dry_run
+
+
+def planned_time(profile, args: argparse.Namespace) -> str:
+    """--time from the plan of this grid on this machine (kit.plan), said in one line; refused
+    where the tasks ask for GPUs this machine lacks (its plan would time the wrong device)."""
+    from kit import plan
+    result = plan.plan(profile, budget_s=1.0)
+    tasks = [[p["run_id"] for p in chain] for chain in chains(profile.points)]
+    groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
+    gpu = result["slurm"]["gpus_per_task"] > 0
+    if args.gpus_per_task and not gpu:
+        raise ConfigError(f"--gpus-per-task {args.gpus_per_task} without --time: the plan here "
+                          f"would time this machine's {result['device']}, not the GPU nodes; "
+                          f"run ./run_all.sh plan {profile.name} on a GPU node and pass its --time")
+    time, longest = plan.task_time(result, groups)
+    print(f"--time {time}: from ./run_all.sh plan (the longest of {args.array} task(s) predicted "
+          f"{plan.duration(longest)} on {result['device']}, {plan.MARGIN_TEXT}); --time T "
+          "overrides it", file=sys.stderr)
+    return time
 
 
 # ---------------------------------------------------------------- submit

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from kit import methods
-from kit.config.run_config import RunConfig
+from kit.config.run_config import ConfigError, RunConfig
 from kit.config.tasks import get_task
+from kit.models.backbones import TINY, is_hub_id, model_path
 from kit.data.pipeline import glue_source, length_grouped_batches, load_task_data, source_label
 from kit.runs.write import label_text
 
@@ -34,6 +37,7 @@ OFFICIAL_ROWS = {
     "QNLI": (104743, (5463,), (5463,)), "RTE": (2490, (277,), (3000,)),
     "WNLI": (635, (71,), (146,))}
 OFFICIAL = "GLUE's official counts (files absent)"
+GB = 1024 ** 3
 
 
 @dataclass(frozen=True)
@@ -173,3 +177,74 @@ def probe_length(length: float) -> int:
     """The length class a point's batches are probed at (a multiple of LENGTH_CLASS)."""
     return max(LENGTH_CLASS, int(round(length / LENGTH_CLASS)) * LENGTH_CLASS)
 
+
+
+# ---------------------------------------------------------------- a batch's disk pre-flight
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.h5", "*.msgpack")
+
+
+def weights_bytes(model: str) -> int | None:
+    """The bytes of a model's weight files where they are on this machine (a folder, the
+    embedded model, a hub id's cached snapshot), read from the files, no model built; None
+    where none are found (a model fetched later, the tiny random model: too small to count)."""
+    if model == TINY:
+        return None
+    folder = Path(model_path(model))
+    if is_hub_id(model):
+        from huggingface_hub import try_to_load_from_cache
+        config = try_to_load_from_cache(model, "config.json")
+        if not isinstance(config, str):
+            return None
+        folder = Path(config).parent
+    if not folder.is_dir():
+        return None
+    # weights are fp32 files: the checkpoint's model is its state dict as written here
+    sizes = [f.stat().st_size for pattern in WEIGHT_FILES for f in folder.glob(pattern)]
+    return max(sizes, default=0) or None
+
+
+def checkpoint_disk(cfg: RunConfig, weights: int) -> Disk:
+    """A run's checkpoints from its model's weight bytes (`disk` without the probe: AdamW's
+    two moments taken as twice the weights, every parameter trained - an upper bound)."""
+    return disk(cfg, TaskFacts(0, 0, int(cfg.predict_test), 0, 0, "", "", 0.0, 0),
+                weights, 2 * weights, 0)
+
+
+def check_disk(points: list[dict], finished: set[str], outputs: Path) -> None:
+    """One ConfigError line when the unfinished points' checkpoints (`disk_needed`) would not
+    fit in the outputs folder's free space (kit.batch's pre-flight; --ignore-disk skips it)."""
+    needed, counted = disk_needed(points, finished)
+    folder = outputs
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise ConfigError(f"{outputs}: the {counted} run(s) to go need {needed / GB:.1f} GB of "
+                          f"disk (their checkpoints: ./run_all.sh plan says per run), "
+                          f"{free / GB:.1f} GB free there; free space, set save_checkpoints: "
+                          "false, or pass --ignore-disk")
+
+
+def disk_needed(points: list[dict], finished: set[str]) -> tuple[int, int]:
+    """(bytes the unfinished points need - what they keep and one run's peak on top -, how
+    many of them are counted): the batch's pre-flight against the outputs folder's free space."""
+    kept, peak, counted, sizes = 0, 0, 0, {}
+    for point in points:
+        cfg = RunConfig.from_dict(point)
+        if cfg.run_id in finished or plannable_kind(cfg):
+            continue
+        if cfg.model not in sizes:
+            sizes[cfg.model] = weights_bytes(cfg.model)
+        if sizes[cfg.model] is None:
+            continue
+        got = checkpoint_disk(cfg, sizes[cfg.model])
+        kept, peak, counted = kept + got.kept, max(peak, got.peak - got.kept), counted + 1
+    return kept + peak, counted
+
+
+def plannable_kind(cfg: RunConfig) -> str | None:
+    """Why a point is not planned (None: it is): multi-task and pretraining points."""
+    kind = methods.get(cfg.method)
+    return ("multi-task" if kind.multitask else "masked-LM pretraining" if kind.pretrain
+            else None)

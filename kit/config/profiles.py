@@ -224,12 +224,13 @@ def only_points(points: list[dict], specs: list[str], path: Path | str = "profil
     """The points whose KEY is one of V1,V2 for every `KEY=V1,V2` in `specs`, in grid order
     (the same dicts: the same run ids). A key no point has, or a value no point takes, is one
     ConfigError line naming what the grid has."""
+    grid = points
     for spec in specs:
         key, sep, values = spec.partition("=")
         key = key.strip()
         if not sep or not key or not values.strip():
             raise ConfigError(f"--only {spec!r}: expected KEY=V1,V2 (e.g. --only task=RTE,MRPC)")
-        has = list(dict.fromkeys(_spelled(key, p[key]) for p in points if key in p))
+        has = list(dict.fromkeys(_spelled(key, p[key]) for p in grid if key in p))
         if not has:
             raise ConfigError(f"--only {spec!r}: no point of {path} sets {key!r}")
         wanted = [_spelled(key, v.strip()) for v in values.split(",") if v.strip()]
