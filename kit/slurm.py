@@ -29,7 +29,7 @@ from kit.cluster.slurm_script import (ARRAY, BODY, DEFAULT_REQUEUES, DEFAULT_TAS
 from kit.config.grids import chains, frozen
 from kit.config.paths import outputs_root
 from kit.config.profiles import load_profile, profile_path
-from kit.config.run_config import ConfigError
+from kit.config.run_config import ConfigError, RunConfig
 
 
 
@@ -164,7 +164,7 @@ def planned_time(profile, args: argparse.Namespace) -> str:
     where the tasks ask for GPUs this machine lacks (its plan would time the wrong device)."""
     from kit import plan
     result = plan.plan(profile, budget_s=1.0)
-    tasks = [[p["run_id"] for p in chain] for chain in chains(profile.points)]
+    tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
     groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
     gpu = result["slurm"]["gpus_per_task"] > 0
     if args.gpus_per_task and not gpu:
