@@ -15,8 +15,15 @@
 #                                 present (python -m kit.batch PROFILE --report-only); every batch
 #                                 writes its report at its end unless --no-report / `report: false`
 # Set-up: a virtual environment in .venv (override with VENV=...) holding torch and `pip install -e .`.
-# torch: CPU machines get the pinned CPU build ($TORCH_SPEC, default torch==2.13.0); GPU users
-# install their own torch into the venv first and it is kept.
+# It needs the package index once (a login node); everything after it runs offline. torch: CPU
+# machines get the pinned CPU build ($TORCH_SPEC, default torch==2.13.0); a torch already in the
+# venv is kept (your own CUDA build, or the cluster's through `python3 -m venv
+# --system-site-packages .venv`; a conda env: VENV=$CONDA_PREFIX). docs/usage.md, "Set-up".
+#   ./run_all.sh setup            set-up alone, then exit (on a login node)
+#   ./run_all.sh fetch [TASK ...] [--model ID ...]   GLUE tasks into data/glue, models into the
+#                                 Hugging Face cache, for offline runs (kit.fetch)
+#   ./run_all.sh plan PROFILE [--only KEY=V1,V2] [--json]   the grid's steps, time, memory and
+#                                 disk on this machine, and the slurm request (kit.plan)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${VENV:-.venv}
@@ -30,13 +37,19 @@ usage() {
 usage: ./run_all.sh [COMMAND | PROFILE] [ARGS...]      (set-up of .venv first, when needed)
 
   (nothing)            the demo profile: set-up if needed, train, tables, figures, report
-  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--shard i/n, --processes N, --per-device K ...)
+  PROFILE [ARGS]       the grid of params/PROFILE.yaml (--only task=RTE,MRPC, --shard i/n,
+                       --per-device K ...)
   run KEY=VALUE ...    one run from the command line (task=RTE method=ssa-h seed=0 ...)
   test [PYTEST ARGS]   the test suite (a pytest worker per core, at most 4)
   doctor [--json]      what the kit will do on this machine and why, with a 5 s speed probe and
                        the expected times of the demo and of the tests
   report [PROFILE]     no training: rebuild PROFILE's (default demo) tables, figures and report
   slurm PROFILE [...]  the profile as a SLURM job array (--array N, --time T, --dry-run ...)
+  plan PROFILE [...]   no training: per point and in total the steps, predicted time, memory
+                       and disk on this machine, and the slurm request (--only, --json)
+  setup                set-up alone (needs the package index once), then exit
+  fetch [TASK ...] [--model ID ...]   on a networked machine: GLUE tasks into data/glue and
+                       models into the Hugging Face cache, for offline runs after
   -h, --help           this list
 
 More: python -m kit.batch --help (profiles and batches), python -m kit.run --help (every run
@@ -105,6 +118,19 @@ case "${1:-demo}" in
   slurm)
     shift
     exec "$PY" -m kit.slurm "$@"
+    ;;
+  plan)
+    shift
+    exec "$PY" -m kit.plan "$@"
+    ;;
+  fetch)
+    shift
+    exec "$PY" -m kit.fetch "$@"
+    ;;
+  setup)
+    torch_version=$("$PY" -c "import torch; print(torch.__version__)" 2>/dev/null || echo "?")
+    echo "set-up done: $VENV (torch $torch_version); every command after it runs offline (the hub only for models and GLUE tasks not fetched: ./run_all.sh fetch)"
+    exit 0
     ;;
   report)
     shift

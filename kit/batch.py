@@ -1,7 +1,8 @@
 """Run a profile: a YAML grid of notebook parameters, one papermill-executed notebook per point.
 
-    python -m kit.batch PROFILE [--shard i/n] [--outputs DIR] [--no-report | --report-only]
-        [--processes N | --per-device K] [--signal-grace S] [--lock-wait S]
+    python -m kit.batch PROFILE [--only KEY=V1,V2 ...] [--shard i/n] [--outputs DIR]
+        [--no-report | --report-only] [--processes N | --per-device K] [--signal-grace S]
+        [--lock-wait S] [--ignore-disk]
 
 First a pre-flight, before any notebook kernel starts: the profile, every point's config and
 every task's data files are checked, so a typo or a bad file stops the batch in seconds with
@@ -31,14 +32,15 @@ import functools
 import sys
 import time
 
-from kit.cluster import grid, pool
+from kit.cluster import costs, grid, pool
 from kit.cluster.grid import resume_first
 from kit.cluster.kernels import Kernels, prepare_kernels
 from kit.cluster.point import NOTEBOOK_FAILED, execute, failure_reason  # noqa: F401 (kit.run)
 from kit.cluster.signals import DEFAULT_GRACE_S, forwarding_signals  # (kit.run uses it)
 from kit.config.grids import point_label, shard_points  # noqa: F401 (bench/profile_wall.py)
 from kit.config.paths import outputs_root
-from kit.config.run_config import ConfigError
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data.pipeline import sources_line
 from kit.models.backbones import ModelError
 from kit.results.report import profile_outputs
 from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
@@ -51,18 +53,24 @@ LOCK_WAIT_S = 600       # a batch waits at its end for points another holds
 def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "outputs",
                 processes: int = 1, fresh_kernels: bool = False, report: bool = True,
                 nodes: int = 1, rdzv: str = "", grace_s: int = DEFAULT_GRACE_S,
-                lock_wait_s: float = LOCK_WAIT_S, per_device: int | None = None) -> int:
+                lock_wait_s: float = LOCK_WAIT_S, per_device: int | None = None,
+                only: list[str] | None = None, ignore_disk: bool = False) -> int:
     prepare_kernels()
-    profile = load_profile(name, outputs_dir)
+    profile = load_profile(name, outputs_dir, only)
     per_device = per_device or profile.per_device
     # a shard takes whole chains: a point that reads another point's output runs after it, here
     points = resume_first(shard_points(profile.points, shard_spec))
     steps = {p: (r.get("preempted") or {}).get("step") for p, r in grid.records(points).items()}
     started = time.perf_counter()
     absent = preflight(profile, points)
+    if not ignore_disk:
+        costs.check_disk(points, {k for k, r in grid.records(points).items()
+                                  if r.get("status") == "ok"}, outputs_root(outputs_dir))
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s"
           f"{f', {per_device} at once' if per_device > 1 else ''}", flush=True)
+    if line := sources_line([RunConfig.from_dict(p) for p in points if p and p.get("task")]):
+        print(line, flush=True)
     run = lambda point, kernels: execute(profile, point, processes, kernels, nodes,  # noqa: E731
                                          rdzv, grace_s)
     points_run = pool.Batch(profile, points, absent, run)
@@ -108,10 +116,10 @@ def build_report(profile: Profile, outputs_dir: str, kernels: Kernels,
         return f"report: failed ({failure_reason(err)})"
 
 
-def report_only(name: str, outputs_dir: str = "outputs") -> int:
+def report_only(name: str, outputs_dir: str = "outputs", only: list[str] | None = None) -> int:
     """`./run_all.sh report PROFILE`: tables, figures and report of the runs present."""
     prepare_kernels()
-    profile = load_profile(name, outputs_dir)
+    profile = load_profile(name, outputs_dir, only)
     profile_outputs.write(profile, outputs_dir)
     with Kernels() as kernels:
         print(line := build_report(profile, outputs_dir, kernels), flush=True)
@@ -121,6 +129,9 @@ def report_only(name: str, outputs_dir: str = "outputs") -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kit.batch", description=__doc__.splitlines()[0])
     parser.add_argument("profile", help="a name in params/ (demo, smoke, glue-small ...) or a YAML path")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                        help="only the grid's points whose KEY is one of the values, e.g. "
+                             "task=RTE,MRPC (repeatable; the whole profile's run ids)")
     parser.add_argument("--shard", help="i/n: run every n-th grid point starting at i")
     parser.add_argument("--outputs", default=str(outputs_root()))
     parser.add_argument("--processes", type=int, default=1, help="N > 1: each run data-parallel "
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                         "each in a kernel of its own with cores / K torch threads, sharing the "
                         "device (a GPU, or the CPU); a chain's points still one after another "
                         "(default: the profile's per_device, else 1)")
+    parser.add_argument("--ignore-disk", action="store_true", help="run even when the plan's "
+                        "disk (kit.plan) exceeds the outputs folder's free space")
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be >= 1")
@@ -157,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nodes N > 1 needs --rdzv HOST:PORT (and --rdzv needs --nodes > 1)")
     try:
         if args.report_only:
-            return report_only(args.profile, args.outputs)
+            return report_only(args.profile, args.outputs, args.only)
         return run_profile(args.profile, args.shard, args.outputs, args.processes,
                            args.fresh_kernels, report=not args.no_report, nodes=args.nodes,
                            rdzv=args.rdzv, grace_s=args.signal_grace, lock_wait_s=args.lock_wait,
-                           per_device=args.per_device)
+                           per_device=args.per_device, only=args.only,
+                           ignore_disk=args.ignore_disk)
     except (ConfigError, DataError, ModelError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

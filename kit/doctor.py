@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from kit.config.paths import kit_commit
 from kit.train import accel, provenance, tracking
 from kit.data import hub  # noqa: E402
-from kit.data.pipeline import glue_source  # noqa: E402
+from kit.data.pipeline import PROJECT_GLUE, glue_source  # noqa: E402
 from kit.data.readers import DataError  # noqa: E402
 from kit.train.speed_probe import fits, predict, prediction_line, probe  # noqa: E402
 from kit.config.tasks import GLUE_TASKS  # noqa: E402
@@ -87,7 +87,7 @@ def launch_processes(config_file: Path, cuda_count: int) -> str:
 
 def glue_lines() -> dict[str, str]:
     """The GLUE tasks whose train and dev files are there, and where: kit.data.pipeline.glue_source's
-    order (GLUE_DIR > the project's data/glue > the hub)."""
+    order, per task (GLUE_DIR when it holds the task > the project's data/glue > the hub)."""
     found, missing = {}, {}
     for task in GLUE_TASKS.values():
         try:
@@ -101,8 +101,8 @@ def glue_lines() -> dict[str, str]:
             missing[task.name] = "hub only" if source == "hub" else "no " + ", ".join(absent)
         else:
             found.setdefault(str(source), []).append(task.name)
-    origin = "GLUE_DIR" if os.environ.get("GLUE_DIR") else "the project's copy"
-    lines = {f"glue ({origin})": f"{', '.join(names)} in {folder}"
+    origin = {str(PROJECT_GLUE): "the project's copy"}     # else GLUE_DIR's, per task
+    lines = {f"glue ({origin.get(folder, 'GLUE_DIR')})": f"{', '.join(names)} in {folder}"
              for folder, names in found.items()} or {"glue": "no task found"}
     return {**lines, "glue missing": "; ".join(f"{k} ({v})" for k, v in missing.items()) or "none"}
 

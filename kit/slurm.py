@@ -1,7 +1,7 @@
 """A profile on a SLURM cluster: a job array whose task i of N runs shard i/N of the grid, or one
 job of several nodes that runs every point on all of them.
 
-    ./run_all.sh slurm PROFILE [--array N] [--max-parallel K] [--nodes N] [--time T]
+    ./run_all.sh slurm PROFILE [--only KEY=V1,V2 ...] [--array N] [--max-parallel K] [--nodes N] [--time T]
         [--partition P] [--gpus-per-task G] [--cpus-per-task C] [--processes N]
         [--signal-grace S] [--max-requeues R] [--sbatch 'LINE' ...] [--outputs DIR] [--dry-run]
 
@@ -23,14 +23,14 @@ from pathlib import Path
 
 from kit import io as kio
 from kit.cluster.signals import DEFAULT_GRACE_S
-from kit.cluster.slurm_script import (ARRAY, BODY, DEFAULT_REQUEUES, EARLY_S, HEAD,  # noqa: F401
+from kit.cluster.slurm_script import (ARRAY, BODY, DEFAULT_REQUEUES, DEFAULT_TASKS_CAP,  # noqa: F401
+                                      EARLY_S, HEAD,
                                       NODES, Array, batch_command, directives, script)
 from kit.config.grids import chains, frozen
 from kit.config.paths import outputs_root
 from kit.config.profiles import load_profile, profile_path
-from kit.config.run_config import ConfigError
+from kit.config.run_config import ConfigError, RunConfig
 
-DEFAULT_TASKS_CAP = 100     # a default array this size stays under most clusters' job limits
 
 
 # ---------------------------------------------------------------- options
@@ -104,12 +104,17 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="./run_all.sh slurm", description=__doc__.splitlines()[0])
     p.add_argument("profile", help="a name in params/ (smoke, glue-small ...) or a YAML path")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                   help="only the grid's points whose KEY is one of the values, e.g. "
+                        "task=RTE,MRPC (repeatable; the whole profile's run ids)")
     p.add_argument("--array", type=int, help="tasks in the array (default: one per chain of "
                    f"the grid, at most {DEFAULT_TASKS_CAP}); task i runs chains i, i+N ...")
     p.add_argument("--max-parallel", type=int, metavar="K", help="at most K tasks at once")
     p.add_argument("--nodes", type=int, default=1, help="N > 1: one job on N nodes, every "
                    "point on all of them (kit.batch --nodes)")
-    p.add_argument("--time", help="each task's time limit, HH:MM:SS (or SLURM's D-HH:MM:SS)")
+    p.add_argument("--time", help="each task's time limit, HH:MM:SS (or SLURM's D-HH:MM:SS); "
+                   "default: the plan's (./run_all.sh plan: the longest task's predicted time on "
+                   "this machine's device, with a margin)")
     p.add_argument("--partition")
     p.add_argument("--gpus-per-task", help="a count, or TYPE:COUNT")
     p.add_argument("--cpus-per-task", type=int)
@@ -141,8 +146,10 @@ def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
     --dry-run, before anything is written."""
     args = parser().parse_args(_joined(sys.argv[1:] if argv is None else argv))
     outputs = Path(args.outputs).resolve()
-    profile = load_profile(args.profile, str(outputs))
+    profile = load_profile(args.profile, str(outputs), args.only)
     check(args, len(profile.points), len(chains(profile.points)))
+    if args.time is None:
+        args.time = planned_time(profile, args)
     text, digest = frozen(profile)
     grid = outputs / "slurm" / f"grid-{digest}" / profile_path(args.profile).name
     extra = [sbatch_line(line) for line in args.sbatch]
@@ -150,6 +157,25 @@ def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
                  args.gpus_per_task, args.cpus_per_task, args.processes, args.signal_grace,
                  extra, max_parallel=args.max_parallel, nodes=args.nodes,
                  max_requeues=args.max_requeues), text, args.dry_run
+
+
+def planned_time(profile, args: argparse.Namespace) -> str:
+    """--time from the plan of this grid on this machine (kit.plan), said in one line; refused
+    where the tasks ask for GPUs this machine lacks (its plan would time the wrong device)."""
+    from kit import plan
+    result = plan.plan(profile, budget_s=1.0)
+    tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
+    groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
+    gpu = result["slurm"]["gpus_per_task"] > 0
+    if args.gpus_per_task and not gpu:
+        raise ConfigError(f"--gpus-per-task {args.gpus_per_task} without --time: the plan here "
+                          f"would time this machine's {result['device']}, not the GPU nodes; "
+                          f"run ./run_all.sh plan {profile.name} on a GPU node and pass its --time")
+    time, longest = plan.task_time(result, groups)
+    print(f"--time {time}: from ./run_all.sh plan (the longest of {args.array} task(s) predicted "
+          f"{plan.duration(longest)} on {result['device']}, {plan.MARGIN_TEXT}); --time T "
+          "overrides it", file=sys.stderr)
+    return time
 
 
 # ---------------------------------------------------------------- submit

@@ -322,9 +322,13 @@ def test_glue_files_resolve_parameter_then_env_then_project_then_hub(tmp_path, m
     assert glue_source("", "MRPC") == "hub"                  # not in the project's copy
     assert glue_source("hub", "RTE") == "hub"
     monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    assert glue_source("", "RTE") == PROJECT_GLUE            # GLUE_DIR does not hold RTE
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "train.tsv").write_text("x\n")
     assert glue_source("", "RTE") == tmp_path
     other = tmp_path / "other"
-    other.mkdir()
+    (other / "RTE").mkdir(parents=True)
+    (other / "RTE" / "train.tsv").write_text("x\n")
     assert glue_source(str(other), "RTE") == other
 
 

@@ -550,8 +550,8 @@ def test_the_checker_flags_names_files_and_links_that_do_not_exist(tmp_path):
     assert parameter_span_problems("label_rul: code") == [
         "`label_rul: code`: 'label_rul' is no RunConfig field, profile key or key the kit writes"]
     assert yaml_problems("grid:\n  task: RTE\n  lrr: 1\nfigure: [cost]\n") == [
-        "yaml: 'figure' is no profile key (description, figures, grid, notebook, per_device, "
-        "report, skip_missing_tasks, task_overrides)"]
+        "yaml: 'figure' is no profile key (description, figures, grid, notebook, paper, "
+        "per_device, report, skip_missing_tasks, task_overrides)"]
     assert anchors(ROOT / "docs/kaggle.md") >= {"2-in-jupyterlab-every-fold-in-one-run-all"}
     assert slug("Encoder families: sentence representation R_CLS") == \
         "encoder-families-sentence-representation-r_cls"

@@ -7,6 +7,7 @@ after submission, one task preempted mid-epoch: requeued and resumed to the run 
 been, every point of the grid as submitted run once."""
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -492,3 +493,93 @@ def test_a_preempted_array_task_is_requeued_and_resumes_to_the_uninterrupted_run
     assert alone.name == bert.name
     want = runs.read_metrics(alone)
     assert want["status"] == "ok" and comparable(runs.read_metrics(bert)) == comparable(want)
+
+
+# ------------------------------------------------ docs/cluster.md's recipe, walked
+
+def recipe_data(n: int, seed: int) -> dict:
+    """A GLUE pair task's hub columns (the hub's class ids, -1 where a split hides them): `n`
+    rows of one seeded pattern, learnable or not - the walk checks the commands, not scores."""
+    import random
+    rng = random.Random(seed)
+    words = ["cat", "dog", "sun", "rain", "tree", "car", "book", "sea"]
+    rows = [(" ".join(rng.choices(words, k=6)), " ".join(rng.choices(words, k=5)))
+            for _ in range(n)]
+    return {"sentence1": [a for a, _ in rows], "sentence2": [b for _, b in rows],
+            "label": [rng.randrange(2) for _ in rows], "idx": list(range(n))}
+
+
+def recipe_hub(name, config, split):
+    """datasets.load_dataset for nyu-mll/glue's rte and mrpc, as ./run_all.sh fetch calls it."""
+    from test_fetch import FakeSplit
+    names = {"rte": ["entailment", "not_entailment"], "mrpc": ["not_equivalent", "equivalent"]}
+    data = recipe_data({"train": 48, "validation": 16, "test": 16}[split], len(split))
+    if split == "test":
+        data["label"] = [-1] * len(data["idx"])
+    return FakeSplit(data, names[config])
+
+
+def recipe_profile(folder: Path, model: str) -> Path:
+    """params/paper-base.yaml as the recipe runs it, made seconds-cheap: the cached tiny model,
+    BERT-r and SSA-H, one seed, one epoch, short rows; its name and `paper: base` kept."""
+    spec = yaml.safe_load((REPO / "params" / "paper-base.yaml").read_text())
+    spec["grid"].update(model=model, method=["bert", "ssa-h"], seed=0, epochs=1, batch_size=16,
+                        max_length=32, lr=1.0e-3)
+    spec["report"] = False
+    path = folder / "paper-base.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
+    """docs/cluster.md's opening recipe on the one-node SLURM: setup -> fetch (the hub faked:
+    RTE and MRPC into a GLUE folder, a tiny model into a fresh HF cache) -> plan -> slurm of
+    paper-base --only task=RTE,MRPC with the plan's --time -> report with the paper's rows,
+    every step after fetch with HF_HUB_OFFLINE=1."""
+    from kit import fetch
+    from kit.data import hub
+    from test_fetch import cached_model
+    hf_home, glue, outputs = tmp_path / "hf", tmp_path / "glue", tmp_path / "out"
+    model = "kit-test/tiny-bert"
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GLUE_DIR": str(glue),
+           "OMP_NUM_THREADS": "1", "VENV": sys.prefix}
+    setup = subprocess.run(["bash", str(REPO / "run_all.sh"), "setup"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert setup.returncode == 0 and setup.stdout.startswith("set-up done: "), setup.stderr
+    monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=3.0: None)   # the login node
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    assert fetch.main(["RTE", "MRPC", "--model", model, "--glue-dir", str(glue)],
+                      load=recipe_hub,
+                      download=lambda repo, allow_patterns: str(cached_model(hf_home, repo,
+                                                                              weights=True))) == 0
+    profile = recipe_profile(tmp_path, model)
+    only = ["--only", "task=RTE,MRPC"]
+    planned = subprocess.run([sys.executable, "-m", "kit.plan", str(profile), *only, "--json",
+                              "--budget", "0.3", "--outputs", str(outputs)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert [p["label"] for p in plan["points"]] == [
+        "MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
+    assert {p["data"] for p in plan["points"]} == {str(glue)}
+    submitted = subprocess.run([sys.executable, "-m", "kit.slurm", str(profile), *only,
+                                "--outputs", str(outputs)], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert submitted.returncode == 0, submitted.stderr
+    assert re.search(r"^--time \S+: from \./run_all\.sh plan", submitted.stderr, re.M)
+    job = re.search(r"submitted job array (\d+): 4 task\(s\)", submitted.stdout)[1]
+    try:
+        _wait(lambda: not _queued(job), 600, "the array's end")
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    ids = sorted(p["run_id"] for p in plan["points"])
+    assert sorted(d.name for d in runs.run_folders(runs.runs_root(outputs))) == ids
+    for run in ids:
+        metrics = runs.read_metrics(runs.runs_root(outputs) / run)
+        assert metrics["status"] == "ok" and metrics["data_source"].startswith(str(glue))
+    report = subprocess.run([sys.executable, "-m", "kit.batch", str(profile), "--report-only",
+                             *only, "--outputs", str(outputs)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert report.returncode == 0, report.stderr
+    [table] = (outputs / "tables").rglob("paper-base-results.md")
+    assert "BERT-r (paper)" in table.read_text() and "SSA-H (paper)" in table.read_text()

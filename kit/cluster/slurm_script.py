@@ -12,6 +12,7 @@ from kit.cluster.signals import DEFAULT_GRACE_S
 from kit.config.profiles import REPO
 from kit.train.preemption import PREEMPTED_EXIT
 
+DEFAULT_TASKS_CAP = 100     # a default array this size stays under most clusters' job limits
 DEFAULT_REQUEUES = 3        # as submitit's max_num_timeout: a task stopped more often is stuck
 EARLY_S = 60                # SLURM sends --signal up to this much earlier than asked
 

@@ -24,7 +24,8 @@ from kit.config.paths import project_path
 from kit.config.profiles import Profile, read_spec, shard
 from kit.config.run_config import RunConfig
 
-KEPT = ("description", "notebook", "skip_missing_tasks", "figures", "report", "per_device")
+KEPT = ("description", "notebook", "skip_missing_tasks", "figures", "report", "per_device",
+        "paper")
 PER_BATCH = ("profile", "outputs_dir")      # set again by load_profile from the file and --outputs
 
 

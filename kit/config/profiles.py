@@ -10,6 +10,9 @@
                                 kit.results.report.page writes outputs/reports/<profile>/index.html)
     per_device: 2               points run at once on the device (kit.batch --per-device, which
                                 overrides it; default 1: one after another)
+    paper: base                 the paper's rows beside the profile's own in its tables: base
+                                (Table 2), large, roberta-base, roberta-large (Table 3), auto
+                                (each model's table), none (default)
     grid: {task: [RTE, CoLA], method: [bert, ssa-h], seed: 0, ...}   (or a list of grids)
     task_overrides: {RTE: {lr: 2.0e-5}}
 
@@ -19,6 +22,9 @@ seconds with one line naming the file and the parameter.
 `{outputs}` in a text value is the batch's outputs folder (absolute; `--outputs`): a pretraining
 point writes `adapted_dir: "{outputs}/adapted/NAME"` and a later point of the same profile
 fine-tunes `model: "{outputs}/adapted/NAME"` (the points run in order; params/tapt-smoke.yaml).
+
+`--only KEY=V1,V2` (kit.batch, kit.slurm, kit.plan, the report; repeatable) keeps the points whose
+KEY is one of the values (`only`): the same points, so the same run ids as the whole profile's.
 """
 from __future__ import annotations
 
@@ -38,7 +44,8 @@ from kit.config.tasks import canonical_task_name
 
 REPO = PROJECT                      # the project folder (kit.config.paths)
 PROFILE_KEYS = {"description", "notebook", "grid", "task_overrides", "skip_missing_tasks",
-                "figures", "report", "per_device"}
+                "figures", "report", "per_device", "paper"}
+PAPER_TABLES = ("base", "large", "roberta-base", "roberta-large", "auto", "none")
 # the figure kinds a profile's `figures:` may name, listed once: kit.results.report.profile_outputs
 # draws each, kit.results.report.page shows each one's notebook (tests/test_views.py checks both)
 FIGURES = ("label-quality", "cost", "gamma")
@@ -76,6 +83,7 @@ class Profile:
     figures: tuple[str, ...] = ()
     report: bool = True                # the HTML report after the batch (kit.results.report.page)
     per_device: int = 1                # points at once on the device (kit.cluster.pool)
+    paper: str = "none"                # the paper's rows in its tables (PAPER_TABLES)
 
     def notebook_for(self, cfg: RunConfig) -> Path:
         return self.notebook or point_notebook(cfg)
@@ -157,7 +165,9 @@ def _overrides_for(overrides: dict, task) -> dict:
     return next((v for k, v in overrides.items() if key(k) == key(task)), {}) if task else {}
 
 
-def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
+def load_profile(name: str, outputs_dir: str = "outputs", only: list[str] | None = None
+                 ) -> Profile:
+    """The profile's validated points; `only`: `--only KEY=V1,V2` specs (`only_points`)."""
     path = profile_path(name)
     spec = read_spec(path)
     points, seen = [], set()
@@ -192,8 +202,46 @@ def load_profile(name: str, outputs_dir: str = "outputs") -> Profile:
     per_device = spec.get("per_device", 1)
     if isinstance(per_device, bool) or not isinstance(per_device, int) or per_device < 1:
         raise ConfigError(f"{path}: `per_device` must be a whole number >= 1, got {per_device!r}")
-    return Profile(path.stem, path, notebook, points, bool(spec.get("skip_missing_tasks", False)),
-                   figures, report, per_device)
+    paper = spec.get("paper", "none")
+    if paper not in PAPER_TABLES:
+        raise ConfigError(f"{path}: `paper` must be one of {', '.join(PAPER_TABLES)}, got {paper!r}")
+    return Profile(path.stem, path, notebook, only_points(points, only or [], path),
+                   bool(spec.get("skip_missing_tasks", False)), figures, report, per_device, paper)
+
+
+def _spelled(key: str, value) -> str:
+    """A grid value as --only compares it: task names in the registry's spelling (sst2 = SST-2)."""
+    text = str(value)
+    if key == "task":
+        try:
+            return canonical_task_name(text)
+        except ValueError:
+            return text
+    return text
+
+
+def only_points(points: list[dict], specs: list[str], path: Path | str = "profile") -> list[dict]:
+    """The points whose KEY is one of V1,V2 for every `KEY=V1,V2` in `specs`, in grid order
+    (the same dicts: the same run ids). A key no point has, or a value no point takes, is one
+    ConfigError line naming what the grid has."""
+    grid = points
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise ConfigError(f"--only {spec!r}: expected KEY=V1,V2 (e.g. --only task=RTE,MRPC)")
+        has = list(dict.fromkeys(_spelled(key, p[key]) for p in grid if key in p))
+        if not has:
+            raise ConfigError(f"--only {spec!r}: no point of {path} sets {key!r}")
+        wanted = [_spelled(key, v.strip()) for v in values.split(",") if v.strip()]
+        unknown = [v for v in wanted if v not in has]
+        if unknown:
+            raise ConfigError(f"--only {spec!r}: {path} has no point with {key}="
+                              f"{','.join(unknown)} (its values: {', '.join(has)})")
+        points = [p for p in points if key in p and _spelled(key, p[key]) in wanted]
+    if specs and not points:
+        raise ConfigError(f"--only {' --only '.join(specs)}: no point of {path} has all of them")
+    return points
 
 
 def shard(points: list, spec: str | None) -> list:

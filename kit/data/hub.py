@@ -1,15 +1,19 @@
 """GLUE from the Hugging Face hub's parquet copy (`nyu-mll/glue`), and whether the hub answers
-at all (asked before `datasets` or `transformers` would retry for minutes offline)."""
+at all (asked before `datasets` or `transformers` would retry for minutes offline); `fetch_task`
+writes a task's splits as GLUE files (./run_all.sh fetch, on a networked machine)."""
 from __future__ import annotations
 
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 
-from kit.data.readers import GLUE_HINT, STSB_RANGE, DataError, check_glue_split, check_targets
+from kit import io as kio
+from kit.data.readers import (_LAYOUTS, GLUE_HINT, STSB_RANGE, DataError, check_glue_split,
+                              check_targets)
 from kit.config.tasks import Split, Task
 
 _HUB_DATASET = "nyu-mll/glue"
@@ -103,3 +107,55 @@ def read_hub_split(task: Task, split: str) -> Split:
         raise DataError(f"{source}: loading from the hub failed ({type(err).__name__}: {err}); "
                         f"use a local copy of GLUE: {GLUE_HINT}") from err
     return split_from_hub(task, data, getattr(data.features["label"], "names", None), source)
+
+
+# ---------------------------------------------------------------- fetch: the hub into GLUE files
+
+def hub_splits(task: Task) -> dict[str, str]:
+    """Our split name -> the hub's, for every split of a task (train, dev..., test...)."""
+    return {s: _hub_split_name(s) for s in ("train", *task.dev_splits, *task.test_splits)}
+
+
+def glue_tsv(task: Task, split: str, data: Split) -> str:
+    """A split as the GLUE file kit.data.readers reads back: CoLA's train and dev without a
+    header (source, label, judgement, sentence), every other file with `index`, the text
+    columns and (not in test files) the label column, labels as the task's label strings.
+    Tabs and line breaks inside a text become spaces (GLUE's fields hold none)."""
+    layout = _LAYOUTS[task.name]
+    clean = lambda text: " ".join(str(text).replace("\t", " ").splitlines())  # noqa: E731
+    test = split in task.test_splits or data.labels is None
+    texts = [data.text_a] + ([data.text_b] if data.text_b is not None else [])
+    labels = [] if test else [label_text(task, v) for v in data.labels]
+    if layout.no_header and not test:            # CoLA's raw cola_public files
+        lines = [f"hub\t{y}\t\t{clean(a)}" for a, y in zip(data.text_a, labels)]
+    else:
+        header = ["index", *layout.text, *([] if test else [layout.label])]
+        lines = ["\t".join(header)] + [
+            "\t".join([str(i), *(clean(t[row]) for t in texts), *([] if test else [labels[row]])])
+            for row, i in enumerate(data.ids)]
+    return "\n".join(lines) + "\n"
+
+
+def label_text(task: Task, value) -> str:
+    """A label as the GLUE files write it: a class's string, STS-B's score."""
+    return f"{float(value):.7g}" if task.regression else task.labels[int(value)]
+
+
+def fetch_task(task: Task, folder: Path, load=None) -> dict[str, int]:
+    """Every split of a GLUE task from the hub (`load`: datasets.load_dataset) written as GLUE
+    files into folder/<TASK>/ (each written beside and renamed: no half file); {split: rows}."""
+    if load is None:
+        from datasets import load_dataset as load
+    rows = {}
+    for split, hub_split in hub_splits(task).items():
+        source = f"hf://datasets/{_HUB_DATASET}/{task.hub_config}/{hub_split}"
+        try:
+            data = load(_HUB_DATASET, task.hub_config, split=hub_split)
+        except Exception as err:  # network, auth, cache: whatever it is, say it in one line
+            raise DataError(f"{source}: loading from the hub failed ({type(err).__name__}: "
+                            f"{err})") from err
+        split_data = split_from_hub(task, data, getattr(data.features["label"], "names", None),
+                                    source)
+        kio.write_text(folder / task.name / f"{split}.tsv", glue_tsv(task, split, split_data))
+        rows[split] = len(split_data)
+    return rows

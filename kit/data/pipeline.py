@@ -28,13 +28,22 @@ IGNORE = -100  # label of positions that no loss looks at
 PROJECT_GLUE = PROJECT / "data" / "glue"
 
 
+def holds(folder: Path, task: str) -> bool:
+    """Whether a GLUE folder holds a task: its <TASK>/train.tsv is there (data/glue keeps some
+    tasks' dev and test only, QNLI's say)."""
+    return (folder / task / "train.tsv").is_file()
+
+
 def glue_source(glue_dir: str, task: str = "") -> str | Path:
-    """Where a GLUE task's files are read from, first match wins: the `glue_dir` parameter >
-    $GLUE_DIR > the project's data/glue when it holds `task` > the hub ("hub"). A folder that
-    is named but does not exist is an error, never a silent fall-through to the next source.
-    A relative folder is the project's (kit.config.paths.input_path), from notebooks/ too."""
+    """Where a GLUE task's files are read from, per task, first match wins: the `glue_dir`
+    parameter, else $GLUE_DIR, when it holds `task`; else the project's data/glue when it holds
+    it; else the hub ("hub"). A folder that is named but does not exist is an error, never a
+    silent fall-through to the next source. A relative folder is the project's
+    (kit.config.paths.input_path), from notebooks/ too. Without `task`: the first folder named,
+    else the hub."""
     if glue_dir == "hub":
         return "hub"
+    named = []
     for origin, chosen in (("glue_dir", glue_dir), ("GLUE_DIR", os.environ.get("GLUE_DIR", ""))):
         if chosen:
             path = input_path(chosen)
@@ -42,10 +51,33 @@ def glue_source(glue_dir: str, task: str = "") -> str | Path:
                 raise readers.DataError(f"{origin}={chosen}: no such folder; point it at the "
                                         "folder holding the <TASK>/ subfolders, or unset it to "
                                         f"use the project's copy ({PROJECT_GLUE})")
-            return path
-    if task and (PROJECT_GLUE / task).is_dir():
-        return PROJECT_GLUE
-    return "hub"
+            named.append(path)
+    if not task:
+        return named[0] if named else "hub"
+    for folder in (*named, PROJECT_GLUE):
+        if holds(folder, task):
+            return folder
+    # a named folder with part of the task (no train.tsv) is still read: its error names the file
+    return next((f for f in named if (f / task).is_dir()), "hub")
+
+
+def source_label(source: str | Path) -> str:
+    """A task's source in words, for the batch's line and metrics.json: the folder, or the hub."""
+    if source == "hub":
+        return "the hub (nyu-mll/glue)"
+    return "data/glue (the project's copy)" if Path(source) == PROJECT_GLUE else str(source)
+
+
+def sources_line(cfgs: list[RunConfig]) -> str | None:
+    """`data: RTE from data/glue (the project's copy); MRPC from /x/glue`: each GLUE task of a
+    batch once, where its files come from (glue_source); None without a GLUE task."""
+    seen = {}
+    for cfg in cfgs:
+        for name in cfg.tasks or (cfg.task,):
+            task = get_task(name) if name.lower() != "csv" else None
+            if task is not None and task.kind == "glue" and (name, cfg.glue_dir) not in seen:
+                seen[name, cfg.glue_dir] = f"{name} from {source_label(glue_source(cfg.glue_dir, name))}"
+    return "data: " + "; ".join(seen.values()) if seen else None
 
 
 def load_task_data(cfg: RunConfig) -> TaskData:

@@ -129,7 +129,7 @@ class SingleTask(loop.Job):
     def summary(self, progress: run_state.Progress, unwrapped) -> dict:
         best = progress.best
         return {"best_dev": best["dev"], "best_three_subset": best["three_subset"],
-                "last_dev": progress.epochs[-1]["dev"]}
+                "last_dev": progress.epochs[-1]["dev"], "data_source": self.data.train.source}
 
 
 def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss: str = "task",

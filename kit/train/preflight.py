@@ -34,8 +34,9 @@ def missing_task_files(cfg: RunConfig) -> str | None:
     source = glue_source(cfg.glue_dir, task.name)
     if source == "hub":
         reason = _hub_reason()
-        return (f"{task.name}: not in the project's data/glue, no glue_dir or GLUE_DIR set, and "
-                f"the hub is unreachable ({reason})") if reason else None
+        return (f"{task.name}: in no glue_dir / GLUE_DIR nor the project's data/glue, and "
+                f"the hub is unreachable ({reason}); ./run_all.sh fetch {task.name} on a "
+                "networked machine writes it into data/glue") if reason else None
     for split in ("train", *task.dev_splits, *(task.test_splits if cfg.reads_test else ())):
         if not (source / task.name / f"{split}.tsv").exists():
             return f"{source / task.name / (split + '.tsv')} not found"

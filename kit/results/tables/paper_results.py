@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 
 from kit.train.metrics import reported_metrics
+from kit.config.profiles import profile_path, read_spec
+from kit.config.run_config import ConfigError
 from kit.config.tasks import GLUE_TASKS
 
 # Column order of the paper's tables (and of GLUE).
@@ -92,15 +94,18 @@ def paper_row(table: str, method: str) -> PaperRow | None:
     return next((row for row in PAPER_RESULTS[table] if row.method == method), None)
 
 
-# The profiles that reproduce the paper's tables: `paper: auto` adds the paper's rows (and the
-# measured - paper deltas) to their results tables, and to no other profile's.
-PAPER_PROFILES = ("paper-base", "paper-small", "paper-small-cpu", "paper-large", "paper-grid",
-                  "roberta")
+def profile_paper(profile: str | None) -> str:
+    """The paper's table a profile compares with: its `paper:` key (kit.config.profiles: base,
+    large, roberta-base, roberta-large, auto, none), so a copy of a paper profile under another
+    name keeps the paper's rows; "none" for no profile, an unknown one, or one without the key."""
+    if not profile:
+        return "none"
+    try:
+        return str(read_spec(profile_path(str(profile))).get("paper", "none"))
+    except ConfigError:
+        return "none"
 
 
 def paper_profile(profile: str | None) -> bool:
-    """Whether a profile (a name in params/ or a YAML path) is one of PAPER_PROFILES."""
-    if not profile:
-        return False
-    name = str(profile).replace("\\", "/").rsplit("/", 1)[-1]
-    return name.removesuffix(".yaml").removesuffix(".yml") in PAPER_PROFILES
+    """Whether a profile (a name in params/ or a YAML path) asks for the paper's rows."""
+    return profile_paper(profile) != "none"

@@ -10,7 +10,7 @@ import pandas as pd
 from kit import methods
 from kit.config.run_config import RunConfig
 from kit.results.tables.fold_tables import fold_table, oof_metrics, oof_predictions
-from kit.results.tables.paper_results import PAPER_TASKS, paper_profile
+from kit.results.tables.paper_results import PAPER_TASKS, profile_paper
 from kit.results.tables.paper_table import paper_table
 from kit.results.frame.collect import table_notes
 from kit.results.frame.no_runs import NoRuns, run_command
@@ -93,9 +93,9 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
     with runs of budget equal_steps, the paper layout at equal optimizer steps too; and, when
     hyper-parameters vary, the selection table. Each table's caption is in `.attrs`.
 
-    `paper`: "auto" adds the paper's rows (and measured - paper deltas) only for the paper's
-    profiles (kit.results.tables.paper_results.PAPER_PROFILES), a table name ("base" ...) always, ""
-    never. Masked-LM pretraining runs are left out (their score is no task metric:
+    `paper`: "auto" adds the paper's rows (and measured - paper deltas) as the profile's
+    `paper:` key asks (kit.results.tables.paper_results.profile_paper: a table, each model's
+    table, or none), a table name ("base" ...) always, "" never. Masked-LM pretraining runs are left out (their score is no task metric:
     `pretrain_table`). Ready for `write_tables`."""
     if len(df):
         df = df[~df["method"].isin(methods.names(pretrain=True))]
@@ -107,8 +107,10 @@ def results_tables(df: pd.DataFrame, paper: str | None = "auto", rule: str = "th
     selected = select_runs(df, rule, candidate_keys=candidate_keys)
     if "budget" in selected.columns:       # runs from before the budget knob trained "epochs"
         selected = selected.assign(budget=selected["budget"].fillna("epochs"))
-    if not set(ok["task"]) & set(PAPER_TASKS) or (paper == "auto" and not paper_profile(profile)):
-        paper = None                    # no task of the paper's tables, or not a paper profile
+    if paper == "auto":                 # the profile's `paper:` key (a copy keeps its rows)
+        paper = {"none": None}.get(asked := profile_paper(profile), asked)
+    if not set(ok["task"]) & set(PAPER_TASKS):
+        paper = None                    # no task of the paper's tables
     budgets = sorted(set(selected.get("budget", pd.Series(dtype=str)).dropna()) - {"epochs"})
     runs = budget_view(selected, "epochs")
     options = dict(baseline=baseline, test=test, epoch=epoch)

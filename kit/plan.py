@@ -1,0 +1,255 @@
+"""What a profile will cost before anything trains: per point and in total, the training steps,
+the predicted wall time and peak memory on this machine's device, the disk each run keeps, and
+what `./run_all.sh slurm` would ask for.
+
+    ./run_all.sh plan PROFILE [--only KEY=V1,V2 ...] [--per-device K] [--json] [--budget S]
+
+Rows and token lengths come from the tasks' own files (kit.cluster.costs; GLUE's official counts,
+labelled so, where the files are absent). Time and memory come from a short probe of the
+profile's own models at those lengths on this device (kit.train.speed_probe.model_probe, built
+from the model's config with random weights: only its config and tokenizer are needed, from the
+Hugging Face cache offline): ~BUDGET s for each distinct model x length class x batch. A point's
+time = its training batches x the probe's s/step + its evaluated rows (dev each epoch, test,
+SSA's probing) x the probe's s/row + building the model and tokenizing its rows. --per-device K:
+K points at once, each probed with cores / K threads (CPU); the total divides by K.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from kit.cluster import costs
+from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
+from kit.config.paths import outputs_root
+from kit.config.profiles import Profile, load_profile
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data import hub
+from kit.data.readers import DataError
+from kit.models.backbones import ModelError, is_hub_id, load_tokenizer
+
+MARGIN = 1.5                # slurm --time: the longest task's prediction x MARGIN ...
+MARGIN_MIN_S = 600          # ... and at least this much more (start-up, a slower node)
+MARGIN_TEXT = f"x{MARGIN} + {MARGIN_MIN_S // 60} min"
+GB = 1024 ** 3
+
+
+def tokenizer_of(model: str):
+    """The model's tokenizer, from the local cache when the hub is unreachable: a hub id that
+    is not cached is one line saying how to fetch it."""
+    offline = is_hub_id(model) and hub.hub_unreachable() is not None
+    try:
+        return load_tokenizer(model, local_only=offline)
+    except ModelError:
+        if not offline:
+            raise
+        raise ModelError(f"model {model!r} is not in the Hugging Face cache and the hub is "
+                         f"unreachable: run `./run_all.sh fetch --model {model}` on a networked "
+                         "machine first (the same HF_HOME)") from None
+
+
+def saved_bytes(tokenizer) -> int:
+    """The tokenizer's files as a checkpoint folder holds them (written once, measured)."""
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None) -> dict:
+    """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`."""
+    from kit.train.accel import cpu_threads
+    from kit.train.speed_probe import model_probe
+    probe = probe or model_probe
+    threads = max(1, cpu_threads() // per_device)
+    tokenizers, tok_bytes, probes, points = {}, {}, {}, []
+    for point in profile.points:
+        cfg = RunConfig.from_dict(point)
+        if (why := costs.plannable_kind(cfg)) is not None:
+            points.append({"run_id": cfg.run_id, "label": _label(cfg), "not_planned": why})
+            continue
+        if cfg.model not in tokenizers:
+            tokenizers[cfg.model] = tokenizer_of(cfg.model)
+            tok_bytes[cfg.model] = saved_bytes(tokenizers[cfg.model])
+        facts = costs.task_facts(cfg, tokenizers[cfg.model])
+        length = costs.probe_length(facts.train_length)
+        key = (cfg.model, length, cfg.batch_size, cfg.eval_batch_size, cfg.freeze_layers,
+               cfg.mixed_precision)
+        if key not in probes:
+            probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
+                                freeze_layers=cfg.freeze_layers, precision=cfg.mixed_precision,
+                                budget_s=budget_s, threads=threads)
+        points.append(_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]))
+    planned = [p for p in points if "seconds" in p]
+    total = _total(planned, per_device, profile.path)
+    return {"profile": profile.name, "per_device": per_device, "threads": threads,
+            "device": _device(probes), "points": points,
+            "probes": [{"model": k[0], "rows": k[2], "length": k[1], **{
+                n: v for n, v in p.items()}} for k, p in probes.items()],
+            "total": total, "slurm": slurm_request(planned, total, probes)}
+
+
+def _label(cfg: RunConfig) -> str:
+    return f"{cfg.task} {cfg.method} s{cfg.seed}"
+
+
+def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
+           tokenizer_bytes: int) -> dict:
+    work = costs.work(cfg, facts)
+    # batches are probed at the length class the point's mean batch rounds to: a step's cost
+    # is not proportional to its tokens (weights, optimizer), so it is taken as it is
+    train_s = work.steps * probe["s_per_step"]
+    eval_s = work.eval_rows / cfg.eval_batch_size * probe["s_per_eval_batch"]
+    prepare_s = probe["build_s"] + facts.tokenize_s      # the model built, the rows tokenized
+    seconds = train_s + eval_s + prepare_s
+    disk = costs.disk(cfg, facts, probe["model_bytes"], probe["optimizer_bytes"],
+                      tokenizer_bytes)
+    return {"run_id": cfg.run_id, "label": _label(cfg), "model": cfg.model,
+            "train_rows": facts.train_rows, "dev_rows": facts.dev_rows,
+            "test_rows": facts.test_rows, "rows_from": facts.counts, "data": facts.source,
+            "tokens": round(facts.train_length, 1), "epochs": work.epochs,
+            "batch_size": cfg.batch_size, "steps": work.steps, "gamma": cfg.gamma,
+            "extra_examples": work.extra_rows, "eval_rows": work.eval_rows,
+            "seconds": round(seconds, 1), "train_s": round(train_s, 1),
+            "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1), "memory_bytes": probe["peak_memory_bytes"],
+            "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
+            "keeps_checkpoint": cfg.save_checkpoints}
+
+
+def _total(points: list[dict], per_device: int, path: Path) -> dict:
+    seconds = sum(p["seconds"] for p in points)
+    kept = sum(p["disk_kept_bytes"] for p in points)
+    # while K points run, each may hold its peak; the finished ones keep what they keep
+    peak = kept + sum(sorted((p["disk_peak_bytes"] for p in points), reverse=True)[:per_device])
+    return {"runs": len(points), "seconds": round(seconds / per_device, 1),
+            "steps": sum(p["steps"] for p in points),
+            "memory_bytes": max((p["memory_bytes"] for p in points), default=0) * per_device,
+            "disk_kept_bytes": kept, "disk_needed_bytes": peak}
+
+
+def _device(probes: dict) -> str:
+    from kit.train import provenance
+    first = next(iter(probes.values()), None)
+    if first and first["device"].startswith("cuda"):
+        import torch
+        return f"{torch.cuda.get_device_name()} ({first['precision']})"
+    cpu = provenance.cpu_info()
+    precision = first["precision"] if first else "?"
+    return (f"{cpu['model']} CPU, class {cpu['cpu_class']}, {os.cpu_count()} cores "
+            f"({precision})")
+
+
+def slurm_request(points: list[dict], total: dict, probes: dict) -> dict:
+    """What `./run_all.sh slurm` asks for: the array's default tasks (one per point here, at
+    most kit.slurm.DEFAULT_TASKS_CAP), each running its points one after another; --time the
+    longest task's predicted seconds x MARGIN + MARGIN_MIN_S; --mem the probes' peak memory
+    (CPU) or host memory for the weights and data (GPU) with the same margin; a GPU a task
+    where the probes ran on one."""
+    tasks = max(1, min(len(points), DEFAULT_TASKS_CAP))
+    longest = max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)), default=0.0)
+    seconds = math.ceil(longest * MARGIN + MARGIN_MIN_S)
+    gpu = any(p["device"].startswith("cuda") for p in probes.values())
+    memory = max((p["model_bytes"] * 4 if gpu else p["peak_memory_bytes"]
+                  for p in probes.values()), default=0)
+    mem_gb = max(4, math.ceil(memory * MARGIN / GB) + 2)
+    return {"tasks": tasks, "time": hms(seconds), "time_s": seconds,
+            "longest_task_s": round(longest, 1), "margin": MARGIN_TEXT,
+            "mem": f"{mem_gb}G", "gpus_per_task": 1 if gpu else 0}
+
+
+def task_time(result: dict, groups: list[list[str]]) -> tuple[str, float]:
+    """(--time, the longest task's predicted seconds) for tasks running `groups` of run ids
+    one after another (a point the plan could not time counts as its profile's slowest)."""
+    seconds = {p["run_id"]: p["seconds"] for p in result["points"] if "seconds" in p}
+    slowest = max(seconds.values(), default=0.0)
+    longest = max((sum(seconds.get(r, slowest) for r in g) for g in groups), default=0.0)
+    return hms(longest * MARGIN + MARGIN_MIN_S), longest
+
+
+def hms(seconds: float) -> str:
+    """SLURM's D-HH:MM:SS (HH:MM:SS under a day)."""
+    s = int(math.ceil(seconds))
+    days, s = divmod(s, 86400)
+    text = f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def duration(seconds: float) -> str:
+    return (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200
+            else f"{seconds / 3600:.1f} h")
+
+
+def render(result: dict, outputs: Path) -> str:
+    """The plan in lines: a row per point, the total, the disk against the free space, slurm."""
+    rows = [f"plan of {result['profile']}: {len(result['points'])} point(s) on {result['device']}"
+            f", {result['per_device']} at once, {result['threads']} thread(s) each",
+            f"{'point':<28} {'rows':>7} {'ep':>2} {'batch':>5} {'steps':>7} {'extra':>7} "
+            f"{'tokens':>6} {'time':>9} {'memory':>9} {'disk':>9}"]
+    for p in result["points"]:
+        if "not_planned" in p:
+            rows.append(f"{p['label']:<28} not planned ({p['not_planned']})")
+            continue
+        rows.append(f"{p['label']:<28} {p['train_rows']:>7} {p['epochs']:>2} "
+                    f"{p['batch_size']:>5} {p['steps']:>7} {p['extra_examples']:>7} "
+                    f"{p['tokens']:>6.0f} {duration(p['seconds']):>9} "
+                    f"{size(p['memory_bytes']):>9} {size(p['disk_kept_bytes']):>9}")
+    t, s = result["total"], result["slurm"]
+    free = shutil.disk_usage(_existing(outputs)).free
+    counted = sorted({f"{p['label'].split()[0]}: {p['rows_from']}, {p['data']}"
+                      for p in result["points"] if "rows_from" in p})
+    rows += [f"total: {t['runs']} run(s), {t['steps']} steps, {duration(t['seconds'])}, peak "
+             f"memory {size(t['memory_bytes'])}; disk kept {size(t['disk_kept_bytes'])}, needed "
+             f"{size(t['disk_needed_bytes'])} with the runs in flight (free in {outputs}: "
+             f"{size(free)})",
+             f"slurm: --time {s['time']} (the longest of {s['tasks']} task(s), "
+             f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}, "
+             f"{s['gpus_per_task']} GPU(s) a task",
+             "rows: " + "; ".join(counted),
+             "extra: SSA / BERT-mask's masked variants (gamma a row; SSA counts every row kept)"]
+    return "\n".join(rows)
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./run_all.sh plan", description=__doc__.splitlines()[0])
+    parser.add_argument("profile", help="a name in params/ or a YAML path")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=V1,V2",
+                        help="only the grid's points whose KEY is one of the values (repeatable)")
+    parser.add_argument("--per-device", type=int, metavar="K", help="K points at once (default: "
+                        "the profile's per_device)")
+    parser.add_argument("--budget", type=float, default=3.0, metavar="S",
+                        help="seconds of probing per model x length class (default 3)")
+    parser.add_argument("--json", action="store_true", help="the plan as JSON")
+    parser.add_argument("--outputs", default=str(outputs_root()))
+    args = parser.parse_args(argv)
+    if args.per_device is not None and args.per_device < 1:
+        parser.error("--per-device must be >= 1")
+    try:
+        profile = load_profile(args.profile, args.outputs, args.only)
+        result = plan(profile, args.per_device or profile.per_device, args.budget)
+    except (ConfigError, DataError, ModelError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else render(result, Path(args.outputs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The cost of a grid before it runs (kit.plan, kit.cluster.costs), a profile's subsets
+(--only), the paper's rows by the profile's `paper:` key, GLUE found per task, and the disk
+pre-flight."""
+import json
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit import plan
+from kit.cluster import costs
+from kit.config.profiles import load_profile, only_points
+from kit.config.run_config import ConfigError, RunConfig
+from kit.data.pipeline import PROJECT_GLUE, glue_source, sources_line
+from kit.data.readers import DataError
+from kit.results.tables.paper_results import paper_profile, profile_paper
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ids(points):
+    return [RunConfig.from_dict(p).run_id for p in points]
+
+
+# ------------------------------------------------------------------ --only
+
+def test_only_keeps_the_whole_profiles_points_and_run_ids():
+    whole = load_profile("paper-base")
+    part = load_profile("paper-base", only=["task=RTE,mrpc"])      # any spelling of a task
+    assert len(whole.points) == 180 and len(part.points) == 40
+    assert {p["task"] for p in part.points} == {"RTE", "MRPC"}
+    assert set(ids(part.points)) < set(ids(whole.points))
+    two = load_profile("paper-base", only=["task=RTE", "seed=0,1", "method=ssa-h"])
+    assert [(p["task"], p["seed"], p["method"]) for p in two.points] == [
+        ("RTE", 0, "ssa-h"), ("RTE", 1, "ssa-h")]
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("task", "expected KEY=V1,V2"),
+    ("task=", "expected KEY=V1,V2"),
+    ("lr2=1", "no point of"),
+    ("task=XYZ", "has no point with task=XYZ (its values: CoLA, SST-2, MRPC"),
+])
+def test_a_bad_only_is_one_line(spec, says):
+    with pytest.raises(ConfigError, match="^--only") as err:
+        load_profile("paper-base", only=[spec])
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_only_values_that_no_point_has_together_are_refused():
+    points = [{"task": "RTE", "method": "bert"}, {"task": "CoLA", "method": "ssa-h"}]
+    assert only_points(points, ["method=bert"]) == points[:1]
+    with pytest.raises(ConfigError, match="no point of p has all of them"):
+        only_points(points, ["task=RTE", "method=ssa-h"], "p")
+
+
+# ------------------------------------------------------------------ paper: key
+
+def test_the_papers_rows_follow_the_profile_not_its_name(tmp_path):
+    copy = tmp_path / "my-table2.yaml"
+    shutil.copy(REPO / "params" / "paper-base.yaml", copy)
+    assert profile_paper(str(copy)) == "base" and paper_profile(str(copy))
+    assert profile_paper("paper-large") == "large" and profile_paper("roberta") == "auto"
+    assert profile_paper("glue-small") == "none" and not paper_profile("smoke")
+    assert profile_paper(None) == "none" and profile_paper("no-such-profile") == "none"
+    spec = yaml.safe_load(copy.read_text())
+    copy.write_text(yaml.safe_dump({**spec, "paper": "base-ish"}))
+    with pytest.raises(ConfigError, match="`paper` must be one of base, large"):
+        load_profile(str(copy))
+
+
+def test_a_copy_of_paper_base_shows_the_papers_rows(tmp_path):
+    from test_paper_outputs import make_run
+    from kit.results.frame import collect
+    from kit.results.tables import table_sets
+    for seed, score in enumerate([0.60, 0.62, 0.61]):
+        make_run(tmp_path, f"b{seed}", "p", method="bert", seed=seed, score=score)
+    copy = tmp_path / "mine.yaml"
+    shutil.copy(REPO / "params" / "paper-base.yaml", copy)
+    table = table_sets.results_tables(collect.collect_runs(tmp_path), profile=str(copy))
+    assert list(table["Paper layout"].index) == ["BERT-r", "BERT-r (paper)",
+                                                 "BERT-r (measured - paper)"]
+
+
+# ------------------------------------------------------------------ data per task
+
+def test_a_glue_dir_with_only_mrpc_leaves_rte_to_the_projects_copy(tmp_path, monkeypatch):
+    (tmp_path / "MRPC").mkdir()
+    (tmp_path / "MRPC" / "train.tsv").write_text("x\n")
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    assert glue_source("", "MRPC") == tmp_path
+    assert glue_source("", "RTE") == PROJECT_GLUE                 # GLUE_DIR lacks it
+    assert glue_source("", "QQP") == "hub"                        # nowhere
+    assert glue_source(str(tmp_path / "MRPC").rsplit("/", 1)[0], "RTE") == PROJECT_GLUE
+    cfgs = [RunConfig(task=t, method=m) for t in ("RTE", "MRPC") for m in ("bert", "ssa-h")]
+    assert sources_line(cfgs) == (f"data: RTE from data/glue (the project's copy); MRPC from "
+                                  f"{tmp_path}")
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path / "nope"))
+    with pytest.raises(DataError, match="GLUE_DIR=.*nope: no such folder"):
+        glue_source("", "RTE")                                    # named, absent: an error
+
+
+# ------------------------------------------------------------------ the cost model
+
+def fake_probe(model, rows, length, eval_rows, **_):
+    """A probe's numbers made from its arguments: the plan's arithmetic, checked exactly."""
+    return {"s_per_step": rows * length / 1000, "s_per_eval_batch": eval_rows / 1000,
+            "build_s": 1.0, "peak_memory_bytes": 1000 * length, "model_bytes": 4000,
+            "optimizer_bytes": 8000, "device": "cpu", "precision": "no", "steps": 3}
+
+
+Facts = namedtuple("Facts", "train_rows dev_rows test_rows")
+
+
+@pytest.mark.parametrize("method,gamma,budget,steps,extra,evaluated", [
+    ("bert", 1.0, "epochs", 3 * 4, 0, 3 * 50),                   # 100 rows / 32 -> 4 a epoch
+    ("bert-mask", 1.0, "epochs", 4 + 2 * 7, 200, 3 * 50),        # epochs 2, 3: 200 rows
+    ("bert-mask", 1.0, "equal_steps", 3 * 4, 200, 3 * 50),
+    ("ssa-h", 2.0, "epochs", 3 * 4, 0, 3 * 50 + 2 * 300),        # probes 100 + 200 variants
+])
+def test_work_counts_steps_extra_examples_and_evaluated_rows(method, gamma, budget, steps,
+                                                             extra, evaluated):
+    facts = costs.TaskFacts(100, 50, 0, 20.0, 18.0, "files", "x", 0.0, 0)
+    cfg = RunConfig(task="RTE", method=method, gamma=gamma, budget=budget, epochs=3,
+                    batch_size=32)
+    got = costs.work(cfg, facts)
+    assert (got.steps, got.extra_rows, got.eval_rows) == (steps, extra, evaluated)
+
+
+@pytest.mark.parametrize("keep,test,kept,peak", [
+    (True, 0, 10 + 4100 + 12000, 10 + 4100 + 2 * 12000),
+    (False, 0, 10, 10 + 2 * 12000),
+    (False, 5, 10, 10 + 4100 + 2 * 12000),            # best, to predict the test set
+])
+def test_disk_counts_the_checkpoints_a_run_keeps(keep, test, kept, peak):
+    facts = costs.TaskFacts(100, 50, test, 20.0, 18.0, "files", "x", 0.0, 10)
+    got = costs.disk(RunConfig(save_checkpoints=keep), facts, 4000, 8000, 100)
+    assert (got.kept, got.peak) == (kept, peak)
+
+
+def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypatch):
+    monkeypatch.setattr(plan, "tokenizer_of", lambda model: __import__(
+        "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
+    monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
+    profile = load_profile("paper-base", only=["task=RTE,MRPC", "seed=0", "method=bert,ssa-h"])
+    result = plan.plan(profile, probe=fake_probe)
+    by = {p["label"]: p for p in result["points"]}
+    assert list(by) == ["MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
+    rte, mrpc = by["RTE bert s0"], by["MRPC bert s0"]
+    assert (rte["label"], rte["train_rows"], rte["dev_rows"], rte["test_rows"]) == (
+        "RTE bert s0", 2490, 277, 3000)
+    assert rte["rows_from"] == "files" and rte["data"] == "data/glue (the project's copy)"
+    assert (mrpc["train_rows"], mrpc["dev_rows"], mrpc["test_rows"]) == (3668, 408, 1725)
+    assert mrpc["rows_from"] == costs.OFFICIAL and mrpc["tokens"] == 128   # max_length
+    assert rte["steps"] == 3 * 78 and rte["epochs"] == 3 and rte["batch_size"] == 32
+    length = costs.probe_length(rte["tokens"])
+    assert rte["train_s"] == round(3 * 78 * 32 * length / 1000, 1)
+    assert rte["eval_s"] == round((3 * 277 + 3000) / 1000, 1) and rte["prepare_s"] >= 1.0
+    assert rte["seconds"] == pytest.approx(rte["train_s"] + rte["eval_s"] + rte["prepare_s"],
+                                           abs=0.15)
+    assert not rte["keeps_checkpoint"] and rte["disk_kept_bytes"] < 200_000   # predictions only
+    assert result["total"]["runs"] == 4
+    assert result["total"]["seconds"] == pytest.approx(sum(p["seconds"] for p in result["points"]))
+    assert result["slurm"]["gpus_per_task"] == 0 and result["slurm"]["tasks"] == 4
+    longest = max(p["seconds"] for p in result["points"])
+    assert result["slurm"]["time_s"] == int(-(-(longest * plan.MARGIN + plan.MARGIN_MIN_S) // 1))
+    json.dumps(result)                                        # --json prints it
+
+
+def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
+    assert plan.main(["smoke", "--only", "method=bert,ssa-h", "--budget", "0.3", "--outputs",
+                      str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("plan of smoke: 2 point(s) on ") and "class" in out[0]
+    assert out[2].split()[:6] == ["synthetic", "bert", "s0", "200", "2", "32"]
+    assert out[4].startswith("total: 2 run(s), 28 steps, ")
+    assert out[5].startswith("slurm: --time 00:1") and "x1.5 + 10 min" in out[5]
+
+
+def test_a_hub_model_not_cached_offline_says_to_fetch_it(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Exception, match=r"run `\./run_all\.sh fetch --model nobody/nothing` on"):
+        plan.tokenizer_of("nobody/nothing")
+
+
+# ------------------------------------------------------------------ disk pre-flight
+
+def test_the_batch_refuses_a_grid_the_disk_cannot_hold(monkeypatch, tmp_path):
+    points = load_profile("demo", str(tmp_path)).points
+    weights = costs.weights_bytes("minilm")
+    assert weights > 80_000_000                               # the embedded model's file
+    needed, counted = costs.disk_needed(points, set())
+    one = costs.checkpoint_disk(RunConfig(), weights)
+    assert counted == 8 and needed == 8 * one.kept + (one.peak - one.kept)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(0, 0, needed - 1))
+    with pytest.raises(ConfigError) as err:
+        costs.check_disk(points, set(), tmp_path)
+    assert f"need {needed / 2**30:.1f} GB" in str(err.value)
+    assert f"{(needed - 1) / 2**30:.1f} GB free" in str(err.value) and "--ignore-disk" in str(
+        err.value)
+    finished = set(ids(points))
+    costs.check_disk(points, finished, tmp_path)             # nothing to go: nothing needed
