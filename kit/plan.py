@@ -62,9 +62,10 @@ def saved_bytes(tokenizer) -> int:
 
 def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None) -> dict:
     """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`."""
-    from kit.train.accel import cpu_threads
+    from kit.train.accel import cpu_threads, machine_device, planned_steps, resolve_cuda_graphs
     from kit.train.speed_probe import model_probe
     probe = probe or model_probe
+    device = machine_device()
     threads = max(1, cpu_threads() // per_device)
     tokenizers, tok_bytes, probes, points = {}, {}, {}, []
     for point in profile.points:
@@ -77,12 +78,16 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
             tok_bytes[cfg.model] = saved_bytes(tokenizers[cfg.model])
         facts = costs.task_facts(cfg, tokenizers[cfg.model])
         length = costs.probe_length(facts.train_length)
+        # the graphs the run's own loop will take (kit.train.loop), probed as it will train
+        graphs = resolve_cuda_graphs(cfg.cuda_graphs, device, planned_steps(
+            cfg.epochs, facts.train_rows, cfg.batch_size, cfg.grad_accum),
+            cfg.guide_loss == "task" and not cfg.compile)
         key = (cfg.model, length, cfg.batch_size, cfg.eval_batch_size, cfg.freeze_layers,
-               cfg.mixed_precision)
+               cfg.mixed_precision, graphs)
         if key not in probes:
             probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
                                 freeze_layers=cfg.freeze_layers, precision=cfg.mixed_precision,
-                                budget_s=budget_s, threads=threads)
+                                budget_s=budget_s, threads=threads, graphs=graphs)
         points.append(_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]))
     planned = [p for p in points if "seconds" in p]
     total = _total(planned, per_device, profile.path)
@@ -104,7 +109,9 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
     # is not proportional to its tokens (weights, optimizer), so it is taken as it is
     train_s = work.steps * probe["s_per_step"]
     eval_s = work.eval_rows / cfg.eval_batch_size * probe["s_per_eval_batch"]
-    prepare_s = probe["build_s"] + facts.tokenize_s      # the model built, the rows tokenized
+    # the model built, the rows tokenized; with CUDA graphs each run compiles and records its
+    # own (a kernel's first compilation, as probed: inductor's cache makes later ones shorter)
+    prepare_s = probe["build_s"] + facts.tokenize_s + probe.get("graph_warmup_s", 0.0)
     seconds = train_s + eval_s + prepare_s
     disk = costs.disk(cfg, facts, probe["model_bytes"], probe["optimizer_bytes"],
                       tokenizer_bytes)
@@ -117,7 +124,7 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
             "seconds": round(seconds, 1), "train_s": round(train_s, 1),
             "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1), "memory_bytes": probe["peak_memory_bytes"],
             "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
-            "keeps_checkpoint": cfg.save_checkpoints}
+            "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": probe.get("graphs", False)}
 
 
 def _total(points: list[dict], per_device: int, path: Path) -> dict:

@@ -203,3 +203,27 @@ def test_the_batch_refuses_a_grid_the_disk_cannot_hold(monkeypatch, tmp_path):
         err.value)
     finished = set(ids(points))
     costs.check_disk(points, finished, tmp_path)             # nothing to go: nothing needed
+
+
+def test_on_a_gpu_the_plan_probes_the_graphs_its_long_points_will_take(monkeypatch):
+    """cuda_graphs: auto as the run's own loop resolves it (kit.train.accel): a CUDA point of
+    4,200+ steps is probed with graphs and pays their compilation once per run; a shorter one
+    is probed eager. The GPU is pretended: the probe is fake, the resolution real."""
+    import kit.train.accel as accel
+    monkeypatch.setattr(accel, "machine_device", lambda: "cuda")
+    monkeypatch.setattr(plan, "tokenizer_of", lambda model: __import__(
+        "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
+    monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
+    seen = []
+
+    def probe(model, rows, length, eval_rows, graphs=False, **_):
+        seen.append(graphs)
+        return {**fake_probe(model, rows, length, eval_rows), "graphs": graphs,
+                "graph_warmup_s": 70.0 if graphs else 0.0}
+    profile = load_profile("paper-base", only=["task=RTE,SST-2", "seed=0", "method=bert"])
+    by = {p["label"]: p for p in plan.plan(profile, probe=probe)["points"]}
+    rte, sst2 = by["RTE bert s0"], by["SST-2 bert s0"]
+    assert (rte["steps"], rte["cuda_graphs"]) == (3 * 78, False)             # 234 < 4,200
+    assert (sst2["steps"], sst2["cuda_graphs"]) == (3 * 2105, True)          # 67,349 rows
+    assert sst2["prepare_s"] >= 1.0 + 70.0 > rte["prepare_s"]    # build + compilation
+    assert sorted(seen) == [False, True]

@@ -118,6 +118,12 @@ def resolve_dropout_rng(requested: str, device: str, precision: str,
 GRAPHS_MIN_STEPS = 4200
 
 
+def planned_steps(epochs: int, rows: int, batch_size: int, grad_accum: int = 1) -> int:
+    """The optimizer steps of `rows` examples over `epochs` (what cuda_graphs: auto weighs;
+    SSA's and BERT-mask's extra examples come on top)."""
+    return epochs * -(-rows // (batch_size * grad_accum))
+
+
 def resolve_cuda_graphs(requested: str, device: str, planned_steps: int,
                         eligible: bool) -> bool:
     """What `cuda_graphs` means: `on` compiles the encoder with CUDA graphs (kit.models.

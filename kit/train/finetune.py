@@ -29,6 +29,7 @@ from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
 from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask
 from kit.train.pretrain import Pretrain
+from kit.train.accel import planned_steps
 from kit.train.run_state import CheckpointError  # noqa: F401 (public)
 from kit.runs import RunLocked, RunPreempted, finished_metrics, run_dir_of  # noqa: F401 (public)
 from kit.train.preemption import PREEMPTED_EXIT
@@ -74,8 +75,8 @@ class SingleTask(loop.Job):
                     for name, split in self.data.dev.items()}
         self.has_test = bool(self.data.test)
         self.ssa = SSASettings.from_config(cfg)
-        # the optimizer steps of its original rows (SSA's masked variants come on top)
-        self.planned_steps = cfg.epochs * -(-len(self.train) // (cfg.batch_size * cfg.grad_accum))
+        self.planned_steps = planned_steps(cfg.epochs, len(self.train), cfg.batch_size,
+                                           cfg.grad_accum)
 
     def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
         cfg, task = self.cfg, self.tasks[0]

@@ -248,13 +248,16 @@ def state_bytes(state) -> int:
 
 
 def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers: int = 0,
-                precision: str = "auto", budget_s: float = 3.0, threads: int | None = None
-                ) -> dict:
+                precision: str = "auto", budget_s: float = 3.0, threads: int | None = None,
+                graphs: bool = False) -> dict:
     """A profile's model (`random_model`) trained for ~budget_s at [rows x length] tokens with
     the loop's own step, optimizer groups and precision, then evaluated (no gradients) at
     [eval_rows x length]: s/step, s per evaluation batch, the peak device memory (CUDA:
     max_memory_allocated; CPU: the process's RSS growth) and the byte sizes a run's checkpoint
-    holds (the model's state dict; the optimizer's state after the steps)."""
+    holds (the model's state dict; the optimizer's state after the steps). `graphs`: the
+    encoder captured as a run's `cuda_graphs` does (kit.models.regional_compile), its
+    compilation and graph recording timed apart (`graph_warmup_s`: training and evaluation)."""
+    from kit.models.regional_compile import capture_graphs
     from kit.train.accel import make_accelerator
     from kit.train.finetune import loss_terms
     from kit.train.optim import merged_groups, parameter_groups
@@ -288,7 +291,6 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
             train_step(accelerator, model, optimizer,
                        lambda: loss_terms(model, inputs, regression=False, alpha=1.0), 1.0)
             sync()
-        s_step, steps = time_steps(step, budget_s, warmup=1)
         evaluate = _random_batch(eval_rows, length, vocab, device)
 
         def forward(_full: bool):
@@ -298,13 +300,23 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
                       special_mask=evaluate["special_mask"])
                 model.train()
             sync()
-        s_eval, _ = time_steps(forward, budget_s / 3, warmup=1)
+        warmup_s = 0.0
+        if graphs:        # compiled on the first call, recorded on the third: full shapes only
+            capture_graphs(accelerator.unwrap_model(model))
+            warmup_s = time.perf_counter()
+            for _ in range(3):
+                step(True)
+                forward(True)
+            warmup_s = time.perf_counter() - warmup_s
+        s_step, steps = time_steps(step, budget_s, warmup=0 if graphs else 1)
+        s_eval, _ = time_steps(forward, budget_s / 3, warmup=0 if graphs else 1)
         memory = torch.cuda.max_memory_allocated(device) if cuda else weights + rss.growth()
         unwrapped = accelerator.unwrap_model(model)
         result = {"s_per_step": s_step, "steps": steps, "s_per_eval_batch": s_eval,
                   "peak_memory_bytes": int(memory), "memory_kind": "max_memory_allocated"
                   if cuda else "weights + RSS growth", "device": str(device), "build_s": built,
-                  "precision": accelerator.mixed_precision,
+                  "precision": accelerator.mixed_precision, "graphs": graphs,
+                  "graph_warmup_s": warmup_s,
                   "parameters": sum(p.numel() for p in unwrapped.parameters()),
                   "model_bytes": state_bytes(unwrapped.state_dict()),
                   "optimizer_bytes": state_bytes(optimizer.state_dict()["state"]),
