@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
                 r["useful_tflops"] = rate and rate * per_example / 1e12
                 r["share_of_bf16_peak"] = rate and rate * per_example / peak["flops_per_s"]
                 results.append(r)
+                # what is measured so far survives a kill of the whole run (a lent machine's
+                # time limit): results.json comes at the end
+                (out / "contenders.json").write_text(json.dumps(results, indent=1, default=float))
         grids = run_grids(s, [int(k) for k in args.grid_k.split(",") if k], Path(tmp), deadline)
         if old and isinstance(old, str) and not args.old_kit:
             subprocess.run(["git", "worktree", "remove", "--force", old], cwd=REPO,
