@@ -47,6 +47,13 @@ def reads_of_a_run(monkeypatch, **config) -> tuple[HostReads, list[bool]]:
         counter.mark("batch")
         return real_collate(*args, **kwargs)
 
+    def refuse(*args, **kwargs):        # a checkpoint's one read: are the weights finite
+        counter.mark("checkpoint")
+        real_refuse(*args, **kwargs)
+        counter.mark("after checkpoint")
+
+    real_refuse = loop.refuse_non_finite
+    monkeypatch.setattr(loop, "refuse_non_finite", refuse)
     monkeypatch.setattr(loop, "train_step", step)
     monkeypatch.setattr(loop, "predict_logits", predict)
     monkeypatch.setattr(kstep, "collate", collate)
@@ -73,6 +80,8 @@ def test_no_read_in_a_step_one_per_window_one_per_pass(method, guide, tmp_path, 
     assert seen["last batch"] and set(seen["last batch"]) == {1}   # ... but its one copy
     reads = [r for label, rs in counter.segments() if label == "step" for r in rs]
     assert set(reads) == {"tolist"}
+    checkpoints = [rs for label, rs in counter.segments() if label == "checkpoint"]
+    assert checkpoints == [["tolist"]] * 2                          # one read per epoch's end
 
 
 def test_ssa_loss_needs_no_selection_and_equals_it_bit_for_bit():
@@ -192,7 +201,7 @@ def test_the_window_names_the_step_that_went_non_finite():
         means, rows, tasks = window.read(One())
     assert [name for _, name in counter.events] == ["tolist"]
     assert rows == [[0.5, 0.125], [float("inf"), 0.125], [0.25, 0.125]] and tasks == [0, 0, 0]
-    with pytest.raises(NonFiniteLoss, match="^non-finite loss at epoch 2 step 11: "
+    with pytest.raises(NonFiniteLoss, match="^non-finite loss at epoch 2 step 12: "
                                             "loss=inf, loss_ssa=0.125$"):
         check_finite(rows, ["loss", "loss_ssa"], 2, 13)
 

@@ -38,7 +38,8 @@ from kit.train.optim import (LinearSchedule, merged_groups, parameter_groups,
 from kit.config.paths import kit_commit
 from kit.train.provenance import environment
 from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
-from kit.train.window import LossWindow, NonFiniteLoss, check_finite, history_row  # noqa: F401
+from kit.train.window import (LossWindow, NonFiniteLoss, check_finite, history_row,  # noqa: F401
+                              refuse_non_finite)
 from kit.train.job import Epoch, Job  # noqa: F401 (kit.train.loop.Job: what a job subclasses)
 
 
@@ -192,6 +193,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             stopping, due = stop.agreed(progress.step, accelerator)
             if stopping or (due and i + 1 < len(work.plan)):
                 progress.window, progress.window_tasks = window.saved()
+                refuse_non_finite(accelerator, unwrapped, progress.window, list(terms), epoch,
+                                  progress.step, accelerator.mixed_precision)
                 progress.lr = lr
                 t0 = run_state.save_inside(accelerator, run_dir, progress, work, i + 1, t0,
                                            started)
@@ -208,6 +211,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         try:
             dev_metrics, three, results = job.evaluate(predict, unwrapped)
         except preemption.Interrupted:      # keep the epoch's training; the resumed run evaluates
+            refuse_non_finite(accelerator, unwrapped, [], [], epoch, progress.step)
             progress.window, progress.window_tasks, progress.lr = [], [], lr
             progress.epoch_train_s = epoch_train_s
             run_state.save_inside(accelerator, run_dir, progress, work, len(work.plan),
@@ -235,6 +239,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed, progress.position = epoch, time.perf_counter() - started, None
         # every rank: each saves its RNG state; `best` only where it is kept or predicts the test
+        refuse_non_finite(accelerator, unwrapped, [], [], epoch, progress.step)
         run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir,
                                    improved and (cfg.save_checkpoints or job.has_test), job.save,
                                    progress)
