@@ -14,7 +14,8 @@ from kit.runs import finished_metrics, notebook_path, readable_metrics, run_dir_
 from kit.train.preemption import PREEMPTED_EXIT
 
 STUCK_EXIT = 3          # stopped, and a rerun would get no further (kit.batch's docstring)
-OUTCOMES = ("ok", "skipped", "failed", "absent", "preempted", "stopped", NOTEBOOK_FAILED)
+OUTCOMES = ("ok", "skipped", "failed", "blocked", "absent", "preempted", "stopped",
+            NOTEBOOK_FAILED)
 TRAINED = ("ok", "failed", NOTEBOOK_FAILED)     # a point that ran to an end: progress
 
 
@@ -60,8 +61,9 @@ def summary(profile: Profile, counts: dict[str, int], started: float) -> str:
     points whose notebook failed after their run finished when there are any."""
     failed_notebooks = (f", {counts[NOTEBOOK_FAILED]} notebook failed after its run finished"
                         if counts[NOTEBOOK_FAILED] else "")
+    blocked = (f", {counts['blocked']} blocked (a source failed)" if counts["blocked"] else "")
     return (f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
-            f"{counts['failed']} failed, {counts['absent']} absent (task files missing)"
+            f"{counts['failed']} failed{blocked}, {counts['absent']} absent (task files missing)"
             f"{failed_notebooks} in {time.perf_counter() - started:.0f}s")
 
 
@@ -80,8 +82,9 @@ def held_line(profile: Profile, held: list[dict], lock_wait_s: float) -> str:
 
 
 def exit_status(counts: dict[str, int], held: list) -> int:
-    """1 when a point failed, a finished run's notebook failed or another batch holds a point."""
-    return 1 if counts["failed"] or counts[NOTEBOOK_FAILED] or held else 0
+    """1 when a point failed or was blocked, a finished run's notebook failed or another batch
+    holds a point."""
+    return 1 if counts["failed"] or counts["blocked"] or counts[NOTEBOOK_FAILED] or held else 0
 
 
 def stopped(profile: Profile, received: str | None, points: list[dict], counts: dict,

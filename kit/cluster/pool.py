@@ -26,13 +26,16 @@ from kit.cluster import grid
 from kit.cluster.kernels import Kernels
 from kit.cluster.point import NOTEBOOK_FAILED
 from kit.cluster.signals import FORWARD
-from kit.config.grids import chains, point_label
+from kit.config.grids import chains, point_label, sources
 from kit.config.profiles import Profile
 from kit.config.run_config import RunConfig
-from kit.runs import finished_metrics
+from kit.runs import finished_metrics, record_blocked
 
 LOCK_POLL_S = 2.0       # how often a batch looks again at the points another batch holds
 Unit = list[tuple[int, dict]]       # points (numbered 1.. in the batch's order) one slot runs
+FINISHED = ("ok", "skipped", NOTEBOOK_FAILED)     # a source whose output its readers may use
+SOURCE_WHY = {"failed": "failed", "blocked": "was blocked", "absent": "is absent (task files "
+              "missing)", None: "has not run (it comes later in the grid?)"}
 
 
 @dataclass
@@ -54,6 +57,11 @@ class Batch:
     halted: bool = False
     first_round: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
+    outcomes: dict[int, str] = field(default_factory=dict)     # point (1-based): its outcome
+
+    def __post_init__(self):
+        # the points each point reads the output of (labels, an adapted model), 1-based
+        self.sources = {i + 1: [j + 1 for j in js] for i, js in sources(self.points).items()}
 
     def may_start(self) -> bool:
         """No new point after a signal, or once a point was stopped."""
@@ -68,12 +76,15 @@ class Batch:
         t0 = time.perf_counter()
         if cfg.run_id in self.absent:
             status, detail = "absent", self.absent[cfg.run_id]
+        elif (waits := self._source_not_ok(i, cfg)) is not None:
+            status, detail = waits
         else:
             if finished_metrics(cfg) is None and self.first_round:
                 self._say(f"{head}: started")
             status, detail = self.run(point, kernels)
         with self.lock:
             self.seen += self.first_round
+            self.outcomes[i] = status
             if status == "held":
                 self.held.append((i, point))
                 if self.first_round:
@@ -89,6 +100,27 @@ class Batch:
             if status in ("preempted", "stopped"):
                 self.stopped.append(cfg)
                 self.halted = True
+
+    def _source_not_ok(self, i: int, cfg: RunConfig) -> tuple[str, str] | None:
+        """("blocked", why) for a point whose source did not finish ok (recorded in its
+        metrics.json, never trained on a fallback), ("held", why) while another batch holds the
+        source; None when it may run (or has finished: it is skipped as ever). A source's
+        outcome in this batch decides, else its record (a source run by an earlier batch)."""
+        if i not in self.sources or (finished_metrics(cfg) is not None and not cfg.rerun):
+            return None
+        for j in self.sources[i]:
+            source = RunConfig.from_dict(self.points[j - 1])
+            with self.lock:
+                status = self.outcomes.get(j)
+            if status in FINISHED or (status is None and finished_metrics(source) is not None):
+                continue
+            if status == "held":
+                return "held", f"its source {source.run_id} is held by another batch"
+            line = f"source {point_label(source.to_dict())} {SOURCE_WHY.get(status, status)}"
+            if not record_blocked(cfg, line, source.run_id):
+                return "held", "running in another batch"
+            return "blocked", line
+        return None
 
     def _say(self, line: str) -> None:
         with self.lock:
@@ -113,10 +145,20 @@ def run_all(batch: Batch, kernels: Kernels, per_device: int, fresh: bool,
         if batch.halted:
             return False
         deadline = deadline or time.monotonic() + lock_wait_s
-        units = [[p] for p in batch.held] if batch.held and time.monotonic() < deadline else []
+        units = (again(batch.held, per_device)
+                 if batch.held and time.monotonic() < deadline else [])
         time.sleep(max(0.0, min(LOCK_POLL_S, deadline - time.monotonic())) if units else 0)
         batch.first_round = False
     return True
+
+
+def again(held: Unit, per_device: int) -> list[Unit]:
+    """The held points as the next round's units: one each in order with one slot, else whole
+    chains, so a point held with its source still runs after it."""
+    if per_device == 1:
+        return [[p] for p in held]
+    place = {id(point): (i, point) for i, point in held}
+    return [[place[id(p)] for p in chain] for chain in chains([p for _, p in held])]
 
 
 def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int,
