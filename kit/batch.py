@@ -54,6 +54,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
                 lock_wait_s: float = LOCK_WAIT_S, per_device: int | None = None) -> int:
     prepare_kernels()
     profile = load_profile(name, outputs_dir)
+    pool.refuse_mixed(per_device or profile.per_device, processes, nodes,
+                      "--per-device" if per_device else f"per_device in {profile.path}")
     per_device = per_device or profile.per_device
     # a shard takes whole chains: a point that reads another point's output runs after it, here
     points = resume_first(shard_points(profile.points, shard_spec))
@@ -61,8 +63,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     started = time.perf_counter()
     absent = preflight(profile, points)
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
-          f"{time.perf_counter() - started:.1f}s"
-          f"{f', {per_device} at once' if per_device > 1 else ''}", flush=True)
+          f"{time.perf_counter() - started:.1f}s; "
+          f"{grid.where_line(points, per_device, processes * nodes)}", flush=True)
     run = lambda point, kernels: execute(profile, point, processes, kernels, nodes,  # noqa: E731
                                          rdzv, grace_s)
     points_run = pool.Batch(profile, points, absent, run)
@@ -74,6 +76,9 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
         # inside the block: the report's notebooks run in the points' warm kernel
         profile_outputs.write(profile, outputs_dir, show=True)
         print(grid.summary(profile, counts, points_run.started), flush=True)
+        for error in points_run.errors:      # a slot's own error: the others took its points
+            print(f"profile {profile.name}: {error} (a bug of the batch, not of a point; its "
+                  "traceback is above)", flush=True)
         if held:
             print(grid.held_line(profile, [p for _, p in held], lock_wait_s), flush=True)
         if points_run.notebooks:
@@ -81,7 +86,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
         if report and profile.report:
             print(_report(profile, outputs_dir, kernels, counts, shard_spec, signals.received),
                   flush=True)
-    return grid.exit_status(counts, held)
+    return max(grid.exit_status(counts, held), int(bool(points_run.errors)))
 
 
 def _report(profile: Profile, outputs_dir: str, kernels: Kernels, counts: dict,
@@ -150,9 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--processes must be >= 1")
     if args.per_device is not None and args.per_device < 1:
         parser.error("--per-device must be >= 1")
-    if (args.per_device or 1) > 1 and (args.processes > 1 or args.nodes > 1):
-        parser.error("--per-device K > 1 runs several points on one device; --processes and "
-                     "--nodes run one point on several: choose one")
     if args.nodes < 1 or (args.nodes > 1) != bool(args.rdzv):
         parser.error("--nodes N > 1 needs --rdzv HOST:PORT (and --rdzv needs --nodes > 1)")
     try:

@@ -49,6 +49,23 @@ def unfinished(points: list[dict]) -> int:
     return left
 
 
+def where_line(points: list[dict], per_device: int, processes: int = 1) -> str:
+    """Where the batch trains, as its first line says it: the device this process's torch sees
+    (a GPU by name: a wheel that cannot see the driver shows up as `cpu` here), the precision
+    each requested mixed_precision resolves to, the processes a run takes, and K."""
+    import torch                                        # a batch pays for it once, here
+    from kit.config.rules import precision_name
+    from kit.train.accel import machine_device, machine_precision
+    device = machine_device()
+    gpu = f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else ""
+    asked = sorted({RunConfig.from_dict(p).mixed_precision for p in points})
+    precisions = ", ".join(precision_name(machine_precision(a)) + (f" ({a})" if a == "auto" else "")
+                           for a in asked)
+    spread = f", {processes} processes a run" if processes > 1 else ""
+    k = f"{per_device} points at once" if per_device > 1 else "one point at a time"
+    return f"on {device}{gpu}, {precisions}{spread}, {k}"
+
+
 def eta(started: float, ran: int, left: int) -> str:
     if not ran or not left:
         return ""

@@ -19,6 +19,7 @@ import collections
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from kit.cluster.point import NOTEBOOK_FAILED
 from kit.cluster.signals import FORWARD
 from kit.config.grids import chains, point_label, sources
 from kit.config.profiles import Profile
-from kit.config.run_config import RunConfig
+from kit.config.run_config import ConfigError, RunConfig
 from kit.runs import finished_metrics, record_blocked
 
 LOCK_POLL_S = 2.0       # how often a batch looks again at the points another batch holds
@@ -58,6 +59,8 @@ class Batch:
     first_round: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
     outcomes: dict[int, str] = field(default_factory=dict)     # point (1-based): its outcome
+    per_device: int = 1                 # K points at once (run_all sets it)
+    errors: list[str] = field(default_factory=list)     # slots ended by the batch's own error
 
     def __post_init__(self):
         # the points each point reads the output of (labels, an adapted model), 1-based
@@ -81,7 +84,12 @@ class Batch:
         else:
             if finished_metrics(cfg) is None and self.first_round:
                 self._say(f"{head}: started")
+            if self.per_device > 1 and kernels is not None:   # its lines, among K points'
+                kernels.label = f"[{i}/{len(self.points)}] "
             status, detail = self.run(point, kernels)
+            if status == "failed" and self.per_device > 1 and "out of memory" in detail.lower():
+                detail += (f"; {self.per_device} points shared the device (--per-device "
+                           f"{self.per_device}): fewer at once may fit")
         with self.lock:
             self.seen += self.first_round
             self.outcomes[i] = status
@@ -133,6 +141,7 @@ def run_all(batch: Batch, kernels: Kernels, per_device: int, fresh: bool,
     by another batch again until `lock_wait_s` has passed. False when a signal (or a stopped
     point) ended it early: batch.stopped has the points it stopped."""
     numbered = list(enumerate(batch.points, 1))
+    batch.per_device = per_device
     if per_device == 1:
         units = [[p] for p in numbered]      # one after another, in grid order
     else:
@@ -183,9 +192,8 @@ def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int
     if per_device == 1:
         work(kernels)
         return
-    env = {"OMP_NUM_THREADS": threads_per_point(per_device)}
-
-    errors: list[BaseException] = []
+    # each kernel knows K: its runs record it (kit.train.provenance.points_per_device)
+    env = {"OMP_NUM_THREADS": threads_per_point(per_device), "SSA_KIT_PER_DEVICE": str(per_device)}
 
     def slot() -> None:
         # made, used and shut down in this thread: a kernel manager's sockets live in the
@@ -193,10 +201,11 @@ def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int
         try:
             with Kernels(env=env) as own:
                 work(own)
-        except BaseException as err:    # the batch's bug, not a point's: raised below
-            with batch.lock:
-                batch.halted = True
-                errors.append(err)
+        except BaseException as err:    # the batch's bug, not a point's: the other slots take
+            with batch.lock:            # its points; the batch still ends with its summary
+                traceback.print_exc()
+                batch.errors.append(f"{threading.current_thread().name}: "
+                                    f"{type(err).__name__}: {err}".splitlines()[0])
 
     threads = [threading.Thread(target=slot, name=f"ssa-kit slot {n}", daemon=True)
                for n in range(min(per_device, len(units)))]
@@ -205,8 +214,16 @@ def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int
     for thread in threads:
         while thread.is_alive():        # in short waits: the signal handler runs in between
             thread.join(0.5)
-    if errors:
-        raise errors[0]
+    if queue and not batch.halted:      # every slot ended on an error: the rest, one by one here
+        work(kernels)
+
+
+def refuse_mixed(per_device: int, processes: int, nodes: int, source: str) -> None:
+    """One rule for K, wherever it was set (`source`: the command line, a profile, a frozen
+    grid): K > 1 runs several points on one device, --processes / --nodes one point on several."""
+    if per_device > 1 and (processes > 1 or nodes > 1):
+        raise ConfigError(f"per_device {per_device} ({source}) runs several points on one device; "
+                          "--processes and --nodes run one point on several: choose one")
 
 
 def threads_per_point(per_device: int) -> str:

@@ -36,7 +36,7 @@ from kit.data.tensors import collate
 from kit.train.optim import (LinearSchedule, merged_groups, parameter_groups,
                              refuse_other_groups)
 from kit.config.paths import kit_commit
-from kit.train.provenance import environment
+from kit.train.provenance import environment, points_per_device
 from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
 from kit.train.window import (LossWindow, NonFiniteLoss, check_finite, history_row,  # noqa: F401
                               refuse_non_finite)
@@ -268,7 +268,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             "resumed_after_epoch": progress.resumed_after_epoch,
             "resumed_inside_epoch": progress.resumed_at,
             "resumed_on_other_hardware": progress.other_hardware,
-            "processes": accelerator.num_processes,
+            "processes": accelerator.num_processes, "per_device": points_per_device(),
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision,
             "dropout_rng": dropout_rng, "length_buckets": "off" if shape is None else "on"}
 

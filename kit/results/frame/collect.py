@@ -85,7 +85,8 @@ def _run_row(run_dir: Path, config: dict, metrics: dict | None) -> dict:
                three_subset_std=three.get("std"))
     row.update({f"wall_{part}_s": secs for part, secs in (metrics.get("wall_s") or {}).items()})
     row.update(train_examples_per_s=metrics.get("train_examples_per_s"),
-               peak_memory_mb=metrics.get("peak_memory_mb"))
+               peak_memory_mb=metrics.get("peak_memory_mb"),
+               per_device=metrics.get("per_device") or 1)     # K points shared its device
     row.update({f"last_{k}": v for k, v in (metrics.get("last_dev") or {}).items()})
     subsets = [e["three_subset"]["subsets"] for e in metrics.get("epochs") or []
                if len((e.get("three_subset") or {}).get("subsets") or []) == 3]
@@ -102,7 +103,7 @@ def _run_row(run_dir: Path, config: dict, metrics: dict | None) -> dict:
 # ---------------------------------------------------------------- what a table must say above it
 
 # what must match for two results to be compared as equals: speed and numerics follow these
-COMPARABLE = ("cpu_class", "gpu", "torch", "transformers", "accelerate")
+COMPARABLE = ("cpu_class", "gpu", "torch", "transformers", "accelerate", "per_device")
 MIN_SEEDS = 3           # fewer runs per cell than this: a difference is not evidence
 
 
@@ -113,7 +114,8 @@ def comparable(env: dict) -> dict:
     gpu = env.get("gpu")
     return {"cpu_class": (env.get("cpu") or {}).get("cpu_class"),
             "gpu": gpu.get("name") if gpu else "none",
-            **{k: env.get(k) for k in ("torch", "transformers", "accelerate")}}
+            **{k: env.get(k) for k in ("torch", "transformers", "accelerate")},
+            "per_device": env.get("per_device") or 1}   # K points timed on one device at once
 
 
 def mixed_environments(runs: list[tuple[str, dict | None]], shown: int = 3) -> str | None:
