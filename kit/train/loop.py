@@ -165,7 +165,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
                               initial=progress.position, total=len(work.plan),
                               disable=not accelerator.is_local_main_process)
         for i, (t, rows) in enumerate(steps, progress.position):
-            batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id, shape),
+            batch = to_device(job.on_host(collate(work.sets[t], shard(rows, accelerator),
+                                                  job.pad_id, shape), t),
                               accelerator.device, reads)
             at = (epoch + (i + 1) / len(work.plan)) / cfg.epochs
             # the epoch's last accumulation may hold fewer batches: it steps at the epoch's end,
