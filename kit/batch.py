@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be >= 1")
+    if args.signal_grace < 1:
+        parser.error(f"--signal-grace must be >= 1 (seconds), got {args.signal_grace}")
+    if args.lock_wait < 0:
+        parser.error(f"--lock-wait must be >= 0 (seconds), got {args.lock_wait:g}")
     if args.per_device is not None and args.per_device < 1:
         parser.error("--per-device must be >= 1")
     if args.nodes < 1 or (args.nodes > 1) != bool(args.rdzv):

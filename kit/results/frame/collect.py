@@ -11,6 +11,7 @@ folders. Metric values in the run folders are fractions.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -49,6 +50,15 @@ def _run_rows(run_dir: Path) -> list[dict]:
              "three_subset_mean": three.get(name, {}).get("mean"),
              "three_subset_std": three.get(name, {}).get("std")}
             for name, values in per_task.items()]
+
+
+def _rows_or_skip(run_dir: Path) -> list[dict]:
+    """`_run_rows`, or none and a line naming the damaged file."""
+    try:
+        return _run_rows(run_dir)
+    except ValueError as err:
+        print(f"skipped a damaged run: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
+        return []
 
 
 def _checked(run_dir: Path, metrics: dict | None) -> dict:
@@ -190,13 +200,15 @@ def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
 
     Failed runs are rows with status "failed" (their metric columns are NaN). A folder without
     metrics.json is a row with status "missing" rather than skipped: a grid's missing seeds then
-    show up in the tables' counts instead of silently shrinking n. A corrupt JSON file raises a
-    ValueError naming the file: such a file is not something a finished run writes (the loop
-    writes metrics.json atomically), so it needs a look rather than a guess.
+    show up in the tables' counts instead of silently shrinking n. A damaged folder (a corrupt
+    or truncated config.json / metrics.json, a record no run writes) is skipped with one line on
+    stderr naming its file, and the others go on: such a file is not something a finished run
+    writes (the loop writes metrics.json atomically), so it needs a look rather than a guess,
+    but one damaged run does not stop a report.
     """
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = runs.run_folders(run_dirs)
-    df = pd.DataFrame([row for d in run_dirs for row in _run_rows(Path(d))])
+    df = pd.DataFrame([row for d in run_dirs for row in _rows_or_skip(Path(d))])
     for column in _BASE_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan
