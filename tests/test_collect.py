@@ -130,11 +130,12 @@ def test_a_damaged_run_is_skipped_with_a_line_naming_its_file(tmp_path, capsys, 
 
 
 def test_tables_and_the_batch_process_never_import_torch():
-    """Tables, figures and the token view's page load no torch; nor does a batch, kit.run or a
-    SLURM task's process, which only hands points to kernels or torchrun (a torchrun of its own
-    for a data-parallel point, a failure recorded outside a kernel: torch then): 2-3 s of CPU
-    saved at every start on a 2-core AVX2 CPU. In a fresh interpreter: this test session may
-    have imported torch for other tests."""
+    """Tables, figures and the token view's page load no torch; nor does importing a batch,
+    kit.run or a SLURM task's process, which only hands points to kernels or torchrun (a
+    torchrun of its own for a data-parallel point, a failure recorded outside a kernel: torch
+    then). A batch imports it once as it starts, for its first line (kit.cluster.grid.
+    where_line: only torch knows whether its wheel sees the GPU). In a fresh interpreter: this
+    test session may have imported torch for other tests."""
     code = ("import sys, kit.results.frame.collect, kit.results.tables.selection, kit.results.tables.fold_tables, "
             "kit.results.tables.table_sets, kit.results.tables.writers, kit.results.figures.figure_data, "
             "kit.results.figures.token_view, kit.results.views.token_html, kit.results.views.model_view, kit.batch, "
