@@ -91,3 +91,18 @@ def test_reuse_labels_from_a_run_without_labels_is_an_error_never_a_probe(tmp_pa
     assert str(err.value) == (f"reuse_labels_from: {tmp_path} has no saved SSA labels for epoch 1 "
                               f"({why}); this run would otherwise probe its own labels, another "
                               "experiment than asked")
+
+
+def test_a_batch_with_a_failed_source_says_blocked_and_exits_1(tmp_path, monkeypatch, capsys):
+    """Through kit.batch: the summary counts the blocked point, exit 1 (the points stand-ins)."""
+    points = chain(tmp_path)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(json.dumps({"report": False, "grid": [
+        {k: v for k, v in p.items() if k != "outputs_dir"} for p in points]}))
+    outcomes = {"ssa-h": ("failed", "NonFiniteLoss: ..."), "bert": ("ok", "")}
+    monkeypatch.setattr(batch, "execute", lambda prof, point, *a: outcomes[point["method"]])
+    monkeypatch.setattr(batch.profile_outputs, "write", lambda *a, **k: None)
+    assert batch.main([str(profile), "--outputs", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ": blocked (source task=synthetic method=ssa-h seed=0 model=tiny failed) " in out
+    assert "1 ok, 0 skipped, 1 failed, 1 blocked (a source failed), 0 absent" in out
