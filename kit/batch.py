@@ -20,9 +20,11 @@ A point's failure is its own: a kernel that cannot start fails that point, and a
 raises after fit() has finished its run makes the point `notebook failed` (the run is kept,
 never rerun; only a signal's cut of those cells stays silent). kit.cluster holds the parts:
 one point (point), its kernel (kernels), the signals (signals), the points one or K at once
-(pool), the grid's records and lines (grid). Exit status: 0 all ok, 1 a run failed (or a
-finished run's notebook failed, or another batch still holds a point), 2 bad input, 75 stopped
-by a signal (rerun to resume), 3 stopped where a rerun would get no further.
+(pool), the grid's records and lines (grid). The first line says where the batch trains (the
+device, a GPU by name, the precision `auto` chose, K). Exit status: 0 all ok, 1 a run failed
+(or was blocked: a source it reads failed; or a finished run's notebook failed, or another
+batch still holds a point), 2 bad input, 75 stopped by a signal (rerun to resume), 3 stopped
+where a rerun would get no further.
 """
 from __future__ import annotations
 
