@@ -21,9 +21,11 @@ A point's failure is its own: a kernel that cannot start fails that point, and a
 raises after fit() has finished its run makes the point `notebook failed` (the run is kept,
 never rerun; only a signal's cut of those cells stays silent). kit.cluster holds the parts:
 one point (point), its kernel (kernels), the signals (signals), the points one or K at once
-(pool), the grid's records and lines (grid). Exit status: 0 all ok, 1 a run failed (or a
-finished run's notebook failed, or another batch still holds a point), 2 bad input, 75 stopped
-by a signal (rerun to resume), 3 stopped where a rerun would get no further.
+(pool), the grid's records and lines (grid). The first line says where the batch trains (the
+device, a GPU by name, the precision `auto` chose, K). Exit status: 0 all ok, 1 a run failed
+(or was blocked: a source it reads failed; or a finished run's notebook failed, or another
+batch still holds a point), 2 bad input, 75 stopped by a signal (rerun to resume), 3 stopped
+where a rerun would get no further.
 """
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
                 only: list[str] | None = None, ignore_disk: bool = False) -> int:
     prepare_kernels()
     profile = load_profile(name, outputs_dir, only)
+    pool.refuse_mixed(per_device or profile.per_device, processes, nodes,
+                      "--per-device" if per_device else f"per_device in {profile.path}")
     per_device = per_device or profile.per_device
     # a shard takes whole chains: a point that reads another point's output runs after it, here
     points = resume_first(shard_points(profile.points, shard_spec))
@@ -67,8 +71,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
         costs.check_disk(points, {k for k, r in grid.records(points).items()
                                   if r.get("status") == "ok"}, outputs_root(outputs_dir))
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
-          f"{time.perf_counter() - started:.1f}s"
-          f"{f', {per_device} at once' if per_device > 1 else ''}", flush=True)
+          f"{time.perf_counter() - started:.1f}s; "
+          f"{grid.where_line(points, per_device, processes * nodes)}", flush=True)
     if line := sources_line([RunConfig.from_dict(p) for p in points if p and p.get("task")]):
         print(line, flush=True)
     run = lambda point, kernels: execute(profile, point, processes, kernels, nodes,  # noqa: E731
@@ -82,6 +86,9 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
         # inside the block: the report's notebooks run in the points' warm kernel
         profile_outputs.write(profile, outputs_dir, show=True)
         print(grid.summary(profile, counts, points_run.started), flush=True)
+        for error in points_run.errors:      # a slot's own error: the others took its points
+            print(f"profile {profile.name}: {error} (a bug of the batch, not of a point; its "
+                  "traceback is above)", flush=True)
         if held:
             print(grid.held_line(profile, [p for _, p in held], lock_wait_s), flush=True)
         if points_run.notebooks:
@@ -89,7 +96,7 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
         if report and profile.report:
             print(_report(profile, outputs_dir, kernels, counts, shard_spec, signals.received),
                   flush=True)
-    return grid.exit_status(counts, held)
+    return max(grid.exit_status(counts, held), int(bool(points_run.errors)))
 
 
 def _report(profile: Profile, outputs_dir: str, kernels: Kernels, counts: dict,
@@ -161,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.processes < 1:
         parser.error("--processes must be >= 1")
+    if args.signal_grace < 1:
+        parser.error(f"--signal-grace must be >= 1 (seconds), got {args.signal_grace}")
+    if args.lock_wait < 0:
+        parser.error(f"--lock-wait must be >= 0 (seconds), got {args.lock_wait:g}")
     if args.per_device is not None and args.per_device < 1:
         parser.error("--per-device must be >= 1")
-    if (args.per_device or 1) > 1 and (args.processes > 1 or args.nodes > 1):
-        parser.error("--per-device K > 1 runs several points on one device; --processes and "
-                     "--nodes run one point on several: choose one")
     if args.nodes < 1 or (args.nodes > 1) != bool(args.rdzv):
         parser.error("--nodes N > 1 needs --rdzv HOST:PORT (and --rdzv needs --nodes > 1)")
     try:

@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ _STARTED = time.perf_counter()   # before torch's import: the doctor's wall time
 import torch  # noqa: E402
 
 from kit.config.paths import kit_commit
+from kit.config.run_config import ConfigError
 from kit.train import accel, provenance, tracking
 from kit.data import hub  # noqa: E402
 from kit.data.pipeline import PROJECT_GLUE, glue_source  # noqa: E402
@@ -232,10 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--no-probe", action="store_true", help="skip the ~5 s speed probe")
     args = parser.parse_args(argv)
-    sections, numbers = report(), {}
-    if not args.no_probe:
-        device, precision, _ = decide()
-        sections["speed"], numbers = speed(device, precision)
+    try:
+        sections, numbers = report(), {}
+        if not args.no_probe:
+            device, precision, _ = decide()
+            sections["speed"], numbers = speed(device, precision)
+    except ConfigError as err:        # a bad SSA_KIT_* variable: one line, not a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     took = time.perf_counter() - _STARTED
     sections["doctor"] = {"took": f"{took:.1f} s (torch and kit imports included)"}
     print(json.dumps({**sections, "numbers": numbers}, indent=1, ensure_ascii=False) if args.json

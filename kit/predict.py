@@ -121,12 +121,27 @@ def read_input(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     it is missing or lacks a text column."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: the file is empty; it needs a header row and one row per "
+                        "text") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
     for column in columns:
         if column not in frame.columns:
             raise DataError(f"{path}: no column {column!r}; the file has columns "
                             f"{list(frame.columns)} (choose them with --text-columns a,b)")
     return frame
+
+
+def check_out(path: Path) -> None:
+    """--out names a file whose folder exists: one line now, not an error after predicting."""
+    if path.is_dir():
+        raise DataError(f"--out {path} is a folder; name the CSV file to write, e.g. "
+                        f"{path / 'predictions.csv'}")
+    if not path.parent.is_dir():
+        raise DataError(f"--out {path}: the folder {path.parent} does not exist")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()                 # "Loading weights" bars on stderr
     try:
+        check_out(args.out)                       # before the model loads: a typo costs nothing
         checkpoint_folder(args.run_dir)
         columns = (tuple(c.strip() for c in args.text_columns.split(",") if c.strip())
                    or run_text_columns(args.run_dir))

@@ -149,8 +149,9 @@ LONGEST = ("test_jupyterlab.py::test_every_notebook_runs_in_jupyterlab",        
 # class this CPU is not, so that a test holding only where `auto` gives one precision fails on
 # every machine. Every test is in it but these, each minutes under emulated bf16 on an AVX2 CPU:
 # they train the embedded (real-size) model, or run many processes or a browser. They are left
-# out for their cost alone: what they check of precision (resume, refusals, notebooks, DDP) is
-# checked in the lane with tiny models by other tests.
+# out for their cost alone: what they check of precision (resume, refusals, notebooks) is
+# checked in the lane with tiny models by other tests, and two processes with static shapes by
+# test_sync_free.py's 2-process (gloo) run against one; the rest of DDP only outside the lane.
 NOT_IN_LANE = ("test_train.py::test_real_glue_smoke_per_method",
                "test_train.py::test_ssa_labels_find_the_cue_tokens_with_the_embedded_model",
                "test_distributed.py::", "test_jupyterlab.py::", "test_slurm.py::",

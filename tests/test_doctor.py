@@ -239,3 +239,11 @@ def test_the_probe_times_the_loops_own_step(monkeypatch):
     monkeypatch.setattr(step, "train_step", lambda *a, **k: calls.append(1) or real(*a, **k))
     result = speed_probe.probe("cpu", "no", budget_s=0.2, warmup=1)
     assert len(calls) == result["steps"] + 1 and result["precision"] == "no"
+
+
+def test_a_bad_cpu_bf16_switch_is_one_line(monkeypatch, capsys):
+    from kit import doctor
+    monkeypatch.setenv("SSA_KIT_CPU_BF16", "sometimes")
+    assert doctor.main(["--no-probe"]) == 2
+    assert capsys.readouterr().err == ("error: SSA_KIT_CPU_BF16='sometimes': use one of native, "
+                                       "emulated (or leave it unset: this CPU decides)\n")

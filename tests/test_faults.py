@@ -317,6 +317,34 @@ def test_a_checkpoint_of_another_gpu_model_is_refused_or_resumed_with_a_note(tmp
         f"{line}: resumed there (resume_on_other_hardware), not bit for bit"]
 
 
+@pytest.mark.parametrize("change", ["gpu", "gpu+count", "precision", "processes"])
+def test_a_slurm_requeue_onto_another_gpu_model_goes_on_and_says_so(tmp_path, monkeypatch,
+                                                                      change):
+    """Inside a SLURM job (a mixed partition: A100 nodes and H100 nodes), a requeued run whose
+    only change is the GPU node resumes, noted in resumed_on_other_hardware; a change of
+    precision or of processes is still refused in one line."""
+    cfg = killed_after_epoch_0(tmp_path, monkeypatch)
+    here = OTHER_PRECISION[accel.machine_precision("auto")]
+    written = {"gpu": {"device": "cuda", "gpu": A100, "gpus": 1},
+               "gpu+count": {"device": "cuda", "gpu": A100, "gpus": 2},
+               "precision": {"device": "cuda", "gpu": H100, "gpus": 1, "precision": here[1]},
+               "processes": {"device": "cuda", "gpu": H100, "gpus": 1, "processes": 2}}[change]
+    last = rewrite_progress(cfg, **written)
+    pretend_gpus(monkeypatch, H100, 1)
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    then = khw.describe(json.loads((last / "progress.json").read_text())["written_on"])
+    line = f"{last} was written with {then}; this run has {here[0]} on cuda x1 ({H100}, 1 visible)"
+    if change.startswith("gpu"):
+        resumed = fit(cfg)
+        assert resumed["status"] == "ok" and resumed["resumed_on_other_hardware"] == [
+            f"{line}: resumed there (a SLURM job requeued onto another GPU node), not bit for bit"]
+        return
+    with pytest.raises(CheckpointError) as err:
+        fit(cfg)
+    auto = " (mixed_precision auto resolves per machine)" if change == "precision" else ""
+    assert str(err.value).startswith(f"{line}{auto}: resume it on hardware like that")
+
+
 def test_another_gpu_count_allowed_is_resumed_and_noted_not_an_rng_failure(tmp_path,
                                                                            monkeypatch):
     """accelerate saves one CUDA RNG state per visible GPU and restores them by index: 8 states

@@ -147,6 +147,28 @@ def test_cost_summary_and_missing_history(tmp_path):
         figure_data.cost_curves(runs)
 
 
+@pytest.mark.parametrize("ks, mixed", [((1, 1), False), ((2, 2), False), ((1, 2), True)])
+def test_the_cost_figure_and_table_never_mix_k_points_at_once(tmp_path, ks, mixed):
+    """A run timed beside K - 1 others (--per-device K, recorded as per_device) and a run timed
+    alone: the cost figure and table refuse to put their clocks side by side, saying so."""
+    for run_id, method, k in zip("bh", ("bert", "ssa-h"), ks):
+        run = make_run(tmp_path, run_id, method=method, history=history([0.9, 0.5]))
+        metrics = json.loads((run / "metrics.json").read_text())
+        (run / "metrics.json").write_text(json.dumps({**metrics, "per_device": k}))
+    runs = load_runs(tmp_path)
+    assert list(runs.sort_values("run_id")["per_device"]) == list(ks)
+    if not mixed:
+        assert len(figure_data.cost_curves(runs)) == 4 and len(figure_data.cost_summary(runs)) == 2
+        return
+    for what, make in (("cost figure", figure_data.cost_curves),
+                       ("cost table", figure_data.cost_summary)):
+        with pytest.raises(ValueError) as err:
+            make(runs)
+        assert str(err.value) == (f"{what}: its runs were timed with 1 and 2 points per device at "
+                                  "once (--per-device): their wall clocks do not compare; pick "
+                                  "runs of one kind (a profile run alike)")
+
+
 # ---------------------------------------------------------------- SSA label quality
 
 def stats(epoch, cue, distractor):

@@ -61,6 +61,12 @@ def spans(monkeypatch):
     return got
 
 
+def without_k(metrics: dict) -> dict:
+    """metrics.json less the K it ran under (the one thing a K = 2 run records otherwise)."""
+    return {**{k: v for k, v in metrics.items() if k != "per_device"},
+            "environment": {k: v for k, v in metrics["environment"].items() if k != "per_device"}}
+
+
 def same_runs(out, other, compare=_without_timings):
     names = sorted(p.name for p in (out / "runs").iterdir())
     assert names == sorted(p.name for p in (other / "runs").iterdir()) and len(names) == 4
@@ -77,11 +83,13 @@ def test_two_points_at_once_give_the_serial_metrics_and_a_rerun_skips_them(
     assert batch.main([str(profile), "--outputs", str(out), "--per-device", "2",
                        "--no-report"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith(", 2 at once") and "4 ok, 0 skipped, 0 failed" in lines[-1]
+    assert lines[0].endswith(", 2 points at once") and "4 ok, 0 skipped, 0 failed" in lines[-1]
     assert sum(": started" in line for line in lines) == 4
     assert len({pid for pid, _, _ in spans}) == 2          # two kernels ...
     assert any(a[1] < b[2] and b[1] < a[2] for a in spans for b in spans if a[0] != b[0])  # at once
-    same_runs(out, serial)
+    records = [json.loads(p.read_text()) for p in (out / "runs").glob("*/metrics.json")]
+    assert [(r["per_device"], r["environment"]["per_device"]) for r in records] == [(2, 2)] * 4
+    same_runs(out, serial, lambda m: _without_timings(without_k(m)))
     spans.clear()
     assert batch.main([str(profile), "--outputs", str(out), "--per-device", "2",
                        "--no-report"]) == 0
@@ -155,12 +163,71 @@ def test_per_device_is_a_profile_key_and_a_checked_flag(tmp_path, capsys):
         (tmp_path / "bad.yaml").write_text(f"per_device: {bad}\ngrid: {{}}\n")
         with pytest.raises(ConfigError, match="`per_device` must be a whole number >= 1"):
             batch.load_profile(str(tmp_path / "bad.yaml"))
-    for argv in (["--per-device", "0"], ["--per-device", "2", "--processes", "2"]):
-        with pytest.raises(SystemExit):
-            batch.main(["smoke", *argv])
-    assert "choose one" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        batch.main(["smoke", "--per-device", "0"])
     frozen = yaml.safe_load(grids.frozen(batch.load_profile(str(path)))[0])
     assert frozen["per_device"] == 3                   # a SLURM task's grid keeps it
+
+
+@pytest.mark.parametrize("where", ["flag", "profile", "frozen"])
+@pytest.mark.parametrize("spread", [["--processes", "2"], ["--nodes", "2", "--rdzv", "h:1"]])
+def test_one_rule_for_k_wherever_it_is_set(tmp_path, capsys, where, spread):
+    """K > 1 with --processes / --nodes is refused in one line, exit 2, before anything runs,
+    whether K came from the command line, the profile or a SLURM task's frozen grid."""
+    path = write_profile(tmp_path, f"per_device: {1 if where == 'flag' else 2}\n"
+                                   "grid:\n  task: synthetic\n  model: tiny\n")
+    if where == "frozen":
+        (tmp_path / "frozen.yaml").write_text(grids.frozen(batch.load_profile(str(path)))[0])
+        path = tmp_path / "frozen.yaml"
+    flag = ["--per-device", "2"] if where == "flag" else []
+    assert batch.main([str(path), *flag, *spread, "--outputs", str(tmp_path / "out")]) == 2
+    source = "--per-device" if where == "flag" else f"per_device in {path}"
+    assert capsys.readouterr().err == (
+        f"error: per_device 2 ({source}) runs several points on one device; --processes and "
+        "--nodes run one point on several: choose one\n")
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_k_points_label_their_lines_and_an_oom_says_k_shared_the_device(tmp_path, capsys):
+    import io
+    stream = io.StringIO()
+    labelled = kkernels.Labelled(stream, "[2/4] ")
+    for part in ("epoch 1/2 train: 3/7", "\rDONE\nnext", " line\n"):
+        labelled.write(part)
+    assert stream.getvalue() == "[2/4] epoch 1/2 train: 3/7\r[2/4] DONE\n[2/4] next line\n"
+    points, labels = batch.load_profile("smoke", str(tmp_path)).points[:2], []
+
+    def run(point, kernels):
+        labels.append(kernels.label)
+        return "failed", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    work = pool.Batch(batch.load_profile("smoke", str(tmp_path)), points, {}, run)
+    assert pool.run_all(work, None, per_device=2, fresh=False, lock_wait_s=0)
+    assert sorted(labels) == ["[1/2] ", "[2/2] "]
+    assert ("CUDA out of memory. Tried to allocate 2.00 GiB; 2 points shared the device "
+            "(--per-device 2): fewer at once may fit") in capsys.readouterr().out
+
+
+def test_a_slots_own_error_still_ends_with_the_summary(tmp_path, monkeypatch, capsys):
+    """A slot whose kernel manager breaks (the batch's bug): the other slot takes its points,
+    and the batch ends with its summary and report lines, exit 1."""
+    path = write_profile(tmp_path, "per_device: 2\nreport: false\ngrid:\n  task: synthetic\n"
+                                   "  model: tiny\n  seed: [0, 1, 2]\n")
+    made = []
+
+    class Broken(kkernels.Kernels):
+        def __enter__(self):
+            made.append(self)
+            if len(made) == 2:              # the second slot's kernel: the batch's own bug
+                raise RuntimeError("kernel manager broke")
+            return self
+    monkeypatch.setattr(pool, "Kernels", Broken)
+    monkeypatch.setattr(batch, "execute", lambda profile, point, *a: ("ok", ""))
+    monkeypatch.setattr(batch.profile_outputs, "write", lambda *a, **k: None)
+    assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "3 ok, 0 skipped, 0 failed" in out[-2]
+    assert out[-1] == (f"profile p: ssa-kit slot 1: RuntimeError: kernel manager broke (a bug of "
+                       "the batch, not of a point; its traceback is above)")
 
 
 def test_threads_per_point_share_the_cores_unless_set(monkeypatch):

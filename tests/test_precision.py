@@ -304,7 +304,7 @@ def test_a_non_finite_loss_still_stops_the_run_under_fp16(precision, hint):
     window = torch.tensor([[0.5, 0.7], [math.nan, 0.7]])
     with pytest.raises(loop.NonFiniteLoss) as err:
         loop.check_finite(window, ["loss", "loss_target"], 1, 12, precision)
-    assert str(err.value) == "non-finite loss at epoch 1 step 11: loss=nan, loss_target=0.7" + hint
+    assert str(err.value) == "non-finite loss at epoch 1 step 12: loss=nan, loss_target=0.7" + hint
 
 
 def overflow_once(made: list):

@@ -243,3 +243,18 @@ def test_cli_writes_the_csv_and_says_what_is_missing(rte_run, tmp_path, capsys):
         predict(bare, ["x"])
     assert json.loads((rte_run / "checkpoint" / "best" / "config.json").read_text())[
         "architectures"] == ["BertForSequenceClassification"]
+
+
+@pytest.mark.parametrize("case", ["empty csv", "out is a folder", "out's folder missing"])
+def test_bad_predict_inputs_are_one_line_before_any_prediction(rte_run, tmp_path, capsys, case):
+    given = tmp_path / "in.csv"
+    given.write_text("" if case == "empty csv" else "sentence1,sentence2\na,b\n")
+    out = {"empty csv": tmp_path / "out.csv", "out is a folder": tmp_path,
+           "out's folder missing": tmp_path / "no" / "out.csv"}[case]
+    assert main([str(rte_run), str(given), "--out", str(out)]) == 2
+    want = {"empty csv": f"{given}: the file is empty; it needs a header row and one row per text",
+            "out is a folder": f"--out {tmp_path} is a folder; name the CSV file to write, e.g. "
+                               f"{tmp_path / 'predictions.csv'}",
+            "out's folder missing": f"--out {out}: the folder {out.parent} does not exist"}[case]
+    assert capsys.readouterr().err == f"error: {want}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]     # nothing half-written

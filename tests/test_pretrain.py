@@ -187,6 +187,40 @@ def test_whole_word_masking_run_without_checkpoints(tmp_path):
     assert not list(tmp_path.glob(".adapted.*"))          # the temp folder was swapped in
 
 
+@pytest.mark.parametrize("whole_word", [False, True])
+@pytest.mark.parametrize("buckets", ["off", "on"])
+def test_every_masking_trains_with_length_buckets_and_reads_nothing_back_per_step(
+        tmp_path, monkeypatch, whole_word, buckets):
+    """Masks are drawn on the host before the batch's copy (Pretrain.on_host): a step reads
+    nothing from the device, and whole-word masking takes a length bucket's padding (its
+    offsets padded to the bucket, not the longest row: 16 vs 8 broadcast failed before)."""
+    from kit.train import loop
+    from kit.train.pretrain import Pretrain
+    from tests.host_reads import HostReads
+    counter, real_step, shapes = HostReads(), loop.train_step, []
+
+    def step(*args, **kwargs):
+        counter.mark("step")
+        return real_step(*args, **kwargs)
+
+    def masked(job, batch, t, real=Pretrain.on_host):   # host tensors: reading them is free
+        counter.mark("host")
+        out = real(job, batch, t)
+        shapes.append(tuple(out["labels"].shape) == tuple(out["input_ids"].shape))
+        return out
+    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(Pretrain, "on_host", masked)
+    cfg = RunConfig(**{**TINY, "max_train_examples": 64}, whole_word_mask=whole_word,
+                    length_buckets=buckets, log_every=100, save_checkpoints=False,
+                    outputs_dir=str(tmp_path))
+    with counter:
+        metrics = fit(cfg)
+    assert metrics["status"] == "ok" and metrics["length_buckets"] == buckets
+    assert np.isfinite(metrics["best_dev"]["mlm_loss"]) and shapes == [True] * 4
+    steps = [reads for label, reads in counter.segments() if label == "step"]
+    assert len(steps) == 4 and steps[:-1] == [[]] * 3       # the last step reads its window
+
+
 # ---------------------------------------------------------------- notebook and profile
 
 def test_pretrain_notebook_is_thin_and_its_parameters_are_fields():
@@ -272,11 +306,11 @@ class _FailsOnTheSecondForward(torch.nn.Module):
         self.lm = SimpleNamespace(config=SimpleNamespace(vocab_size=8))
         self.modes = []
 
-    def forward(self, input_ids, attention_mask, labels, **_):
+    def forward(self, input_ids, attention_mask, masked, **_):
         self.modes.append(self.training)
         if len(self.modes) == 2:
             raise RuntimeError("out of memory")
-        return torch.zeros(int((labels != -100).sum()), 8)      # the masked positions' logits
+        return torch.zeros(len(masked), 8)      # the masked positions' logits
 
 
 def test_an_error_inside_the_heldout_pass_leaves_the_model_training():

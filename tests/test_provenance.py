@@ -20,7 +20,7 @@ from kit.config.run_config import RunConfig
 from kit.train.finetune import fit, run_dir_of
 
 FIELDS = {"kit_commit", "kit_dirty", "python", "torch", "transformers", "accelerate", "datasets",
-          "cpu", "threads", "gpu", "processes"}
+          "cpu", "threads", "gpu", "processes", "per_device"}
 CPU_FIELDS = {"model", "arch", "flags", "native_bf16", "cpu_class"}
 
 
@@ -65,7 +65,20 @@ def test_environment_has_every_field():
     env = provenance.environment(4)
     assert set(env) == FIELDS and set(env["cpu"]) == CPU_FIELDS
     assert env["processes"] == 4 and env["threads"] == torch.get_num_threads()
+    assert env["per_device"] == 1                     # no pool slot set SSA_KIT_PER_DEVICE
     assert env["python"] == platform.python_version() and env["cpu"] == provenance.cpu_info()
+
+
+@pytest.mark.parametrize("value, k", [("3", 3), ("0", 1), ("x", 1)])
+def test_a_run_records_the_k_points_that_shared_its_device(tmp_path, monkeypatch, value, k):
+    """kit.cluster.pool starts K > 1 kernels with SSA_KIT_PER_DEVICE=K: their runs say so in
+    metrics.json and its environment (a value that is no K >= 1 reads 1)."""
+    monkeypatch.setenv("SSA_KIT_PER_DEVICE", value)
+    cfg = RunConfig(task="synthetic", model="tiny", synthetic_size=16, epochs=1,
+                    save_checkpoints=False, outputs_dir=str(tmp_path))
+    fit(cfg)
+    metrics = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert (metrics["per_device"], metrics["environment"]["per_device"]) == (k, k)
 
 
 def test_a_finished_run_records_where_it_was_made(tmp_path):
@@ -141,6 +154,12 @@ def test_mixed_environments_name_the_fields_and_the_runs():
     assert collect.mixed_environments(runs) == (
         "warning: this table mixes environments: cpu_class avx2 (a, d, e and 1 more) vs amx "
         "(b, c); torch 2.13.0 (a, b, d and 2 more) vs 2.9.0 (c); no environment recorded (g)")
+
+
+def test_runs_timed_k_at_once_beside_runs_alone_are_mixed():
+    line = collect.mixed_environments([("a", _env()), ("b", {**_env(), "per_device": 2}),
+                                       ("c", {**_env(), "per_device": 1})])
+    assert line == "warning: this table mixes environments: per_device 1 (a, c) vs 2 (b)"
 
 
 def test_a_gpu_run_beside_a_cpu_run_is_mixed():

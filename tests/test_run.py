@@ -336,7 +336,7 @@ def test_kit_run_reruns_through_the_notebook_keeping_the_old_run_until_ok(
     with monkeypatch.context() as m:
         m.setattr(finetune, "target_loss", nan_loss)
         assert krun.main([*argv, "--rerun"]) == 1
-    assert (f"{cfg.run_id}: failed (NonFiniteLoss: non-finite loss at epoch 0 step 0: loss=nan; "
+    assert (f"{cfg.run_id}: failed (NonFiniteLoss: non-finite loss at epoch 0 step 1: loss=nan; "
             "the finished run is kept (its rerun did not finish))") in capsys.readouterr().out
     assert files(run_dir_of(cfg)) == before and hidden(cfg) == []
     assert krun.main([*argv, "rerun=true"]) == 0

@@ -47,6 +47,13 @@ def reads_of_a_run(monkeypatch, **config) -> tuple[HostReads, list[bool]]:
         counter.mark("batch")
         return real_collate(*args, **kwargs)
 
+    def refuse(*args, **kwargs):        # a checkpoint's one read: are the weights finite
+        counter.mark("checkpoint")
+        real_refuse(*args, **kwargs)
+        counter.mark("after checkpoint")
+
+    real_refuse = loop.refuse_non_finite
+    monkeypatch.setattr(loop, "refuse_non_finite", refuse)
     monkeypatch.setattr(loop, "train_step", step)
     monkeypatch.setattr(loop, "predict_logits", predict)
     monkeypatch.setattr(kstep, "collate", collate)
@@ -73,6 +80,8 @@ def test_no_read_in_a_step_one_per_window_one_per_pass(method, guide, tmp_path, 
     assert seen["last batch"] and set(seen["last batch"]) == {1}   # ... but its one copy
     reads = [r for label, rs in counter.segments() if label == "step" for r in rs]
     assert set(reads) == {"tolist"}
+    checkpoints = [rs for label, rs in counter.segments() if label == "checkpoint"]
+    assert checkpoints == [["tolist"]] * 2                          # one read per epoch's end
 
 
 def test_ssa_loss_needs_no_selection_and_equals_it_bit_for_bit():
@@ -192,7 +201,7 @@ def test_the_window_names_the_step_that_went_non_finite():
         means, rows, tasks = window.read(One())
     assert [name for _, name in counter.events] == ["tolist"]
     assert rows == [[0.5, 0.125], [float("inf"), 0.125], [0.25, 0.125]] and tasks == [0, 0, 0]
-    with pytest.raises(NonFiniteLoss, match="^non-finite loss at epoch 2 step 11: "
+    with pytest.raises(NonFiniteLoss, match="^non-finite loss at epoch 2 step 12: "
                                             "loss=inf, loss_ssa=0.125$"):
         check_finite(rows, ["loss", "loss_ssa"], 2, 13)
 
@@ -242,26 +251,62 @@ def test_buckets_make_an_epoch_meet_a_few_shapes(glue_dir, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("changes", [dict(method="ssa-h", guide_loss="task+both"),
-                                     dict(task="STS-B", max_train_examples=96, epochs=1,
+                                     dict(task="STS-B", max_train_examples=90, epochs=1,
                                           max_length=32)])
 def test_padded_batches_give_the_losses_and_metrics_of_unpadded_ones(changes, glue_dir, tmp_path,
                                                                      monkeypatch):
-    """Padding rows weigh 0 in every loss term (target, SSA, attention guiding; regression too)
-    and padding positions are masked: without dropout, whose masks would differ with the
-    shapes, the runs agree to float rounding. In fp32: bf16 autocast rounds each matmul's
-    inputs to 8 mantissa bits, so two shapes' sums part by ~5e-5 relative there (the
-    other-class lane saw it), which says nothing about the padding."""
+    """Padding rows weigh 0 in every loss term (target, SSA, attention guiding; regression too:
+    STS-B's 90 rows at batch 32 end on a batch of 26 and 6 rows of weight 0) and padding
+    positions are masked: without dropout, whose masks would differ with the shapes, the runs
+    agree to float rounding. In fp32: bf16 autocast rounds each matmul's inputs to 8 mantissa
+    bits, so two shapes' sums part by ~5e-5 relative there (the other-class lane saw it), which
+    says nothing about the padding. The dev predictions are compared themselves: a correlation
+    of a barely trained model's near-constant predictions magnifies their rounding."""
+    from kit.runs import read_dev_predictions, run_dir_of
     changes = {**changes, "mixed_precision": "no"}
     _, plain = shapes_and_metrics(monkeypatch, tmp_path / "off", no_dropout=True, **changes)
     seen, padded = shapes_and_metrics(monkeypatch, tmp_path / "on", no_dropout=True,
                                       length_buckets="on", **changes)
     assert len({rows for rows, _ in seen[True]}) == 1
+    if changes.get("task") == "STS-B":           # the last batch: 26 rows, 6 of weight 0
+        assert {rows for rows, _ in seen[True]} == {32} and padded["train_examples"] == 90
     history = lambda m: [e["train_loss"] for e in m["epochs"]]     # noqa: E731
     np.testing.assert_allclose(history(padded), history(plain), rtol=1e-5)
-    for a, b in zip(padded["epochs"], plain["epochs"]):
-        assert a["dev"].keys() == b["dev"].keys()
-        np.testing.assert_allclose([a["dev"][k] for k in a["dev"]],
-                                   [b["dev"][k] for k in b["dev"]], rtol=1e-4, atol=1e-5)
+    a, b = (read_dev_predictions(run_dir_of(RunConfig(**{**TINY, **changes, **extra},
+                                                      outputs_dir=str(tmp_path / where))))
+            for where, extra in (("on", {"length_buckets": "on"}), ("off", {})))
+    if changes.get("task") == "STS-B":
+        np.testing.assert_allclose(a["prediction"].astype(float), b["prediction"].astype(float),
+                                   rtol=1e-4, atol=1e-5)
+    else:
+        assert a["prediction"].tolist() == b["prediction"].tolist()
+    for x, y in zip(padded["epochs"], plain["epochs"]):
+        assert x["dev"].keys() == y["dev"].keys()
+        np.testing.assert_allclose([x["dev"][k] for k in x["dev"]],
+                                   [y["dev"][k] for k in y["dev"]], rtol=1e-4, atol=1e-4)
+
+
+def test_static_shapes_on_two_processes_give_the_one_process_predictions(tmp_path):
+    """length_buckets on 2 processes (gloo, torchrun): each rank pads its slice of a batch to
+    the bucket and to half the rows; evaluation gathers both slices and drops their padding
+    rows. With a learning rate too small to move the weights, the dev predictions and metrics
+    are the 1-process run's exactly, the counts too (89 rows: a short last batch of 9, sliced
+    5 and 4). In the other-class lane (test_distributed.py is not); fp32, so that the two
+    shapes' sums agree under either class."""
+    from kit.runs import read_dev_predictions, run_dir_of
+    from tests.test_distributed import torchrun
+    cfg = RunConfig(task="synthetic", model="tiny", synthetic_size=89, epochs=1, lr=1e-12,
+                    batch_size=16, eval_batch_size=16, length_buckets="on", report_to=("none",),
+                    mixed_precision="no", save_checkpoints=False, outputs_dir=str(tmp_path / "two"))
+    two = torchrun(cfg, tmp_path)
+    one = fit(RunConfig(**{**cfg.to_dict(), "outputs_dir": str(tmp_path / "one")}))
+    assert (two["processes"], one["processes"]) == (2, 1)
+    assert two["length_buckets"] == one["length_buckets"] == "on"
+    assert two["train_examples"] == one["train_examples"] == 89
+    assert two["epochs"][0]["dev"] == one["epochs"][0]["dev"]
+    preds = [read_dev_predictions(run_dir_of(RunConfig(**{**cfg.to_dict(), "outputs_dir": d})))
+             for d in (str(tmp_path / "two"), str(tmp_path / "one"))]
+    assert preds[0].equals(preds[1]) and len(preds[0]) > 0
 
 
 def test_a_static_shape_pads_lengths_to_a_bucket_and_rows_with_weight_0():

@@ -82,7 +82,7 @@ def test_non_finite_loss_stops_with_a_failure_record(tmp_path, monkeypatch):
     import kit.train.finetune as train
     monkeypatch.setattr(train, "target_loss", lambda *a: torch.tensor(float("nan"), requires_grad=True))
     cfg = RunConfig(**TINY, outputs_dir=str(tmp_path))
-    with pytest.raises(NonFiniteLoss, match="epoch 0 step 0"):
+    with pytest.raises(NonFiniteLoss, match="epoch 0 step 1:"):
         fit(cfg)
     record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("NonFiniteLoss")
@@ -162,3 +162,47 @@ def test_ssa_h_with_both_attention_guiding_losses(tmp_path):
     header = (run_dir_of(cfg) / "history.csv").read_text().splitlines()[0].split(",")
     assert m["status"] == "ok"
     assert {"loss", "loss_target", "loss_ssa", "loss_pd", "loss_md"} <= set(header)
+
+
+@pytest.mark.parametrize("poison", ["loss", "weights"])
+def test_a_run_diverging_between_two_checkpoints_keeps_a_finite_last_and_resumes_from_it(
+        tmp_path, monkeypatch, poison):
+    """A checkpoint every step, the window read every 50: step 4 goes non-finite (its loss, or
+    only the weights its update wrote). The run stops naming step 4 (1-based, as history.csv),
+    `last` keeps step 3's finite state, and the rerun resumes there and ends ok."""
+    import kit.train.finetune as finetune
+    from safetensors.torch import load_file
+    cfg = RunConfig(task="synthetic", model="tiny", synthetic_size=96, batch_size=16, epochs=1,
+                    lr=5e-3, checkpoint_steps=1, log_every=50, outputs_dir=str(tmp_path))
+    calls, real = [], finetune.target_loss
+
+    def diverging(*a):
+        calls.append(1)
+        loss = real(*a)
+        if len(calls) == 4 and poison == "loss":
+            return loss * float("nan")
+        return loss
+
+    def poisoned_step(*a, **k):
+        out = train_step(*a, **k)
+        if len(calls) == 4 and poison == "weights":
+            with torch.no_grad():
+                next(a[1].parameters()).fill_(float("inf"))
+        return out
+    from kit.train import loop
+    train_step = loop.train_step
+    monkeypatch.setattr(finetune, "target_loss", diverging)
+    monkeypatch.setattr(loop, "train_step", poisoned_step)
+    with pytest.raises(NonFiniteLoss) as err:
+        fit(cfg)
+    where = {"loss": "non-finite loss at epoch 0 step 4: loss=nan",
+             "weights": "non-finite weights after epoch 0 step 4"}[poison]
+    assert str(err.value).startswith(where)
+    assert str(err.value).endswith("; checkpoint/last keeps the last finite state")
+    last = run_dir_of(cfg) / "checkpoint" / "last"
+    assert json.loads((last / "progress.json").read_text())["step"] == 3
+    assert all(torch.isfinite(t).all() for t in load_file(last / "model.safetensors").values())
+    monkeypatch.setattr(finetune, "target_loss", real)
+    monkeypatch.setattr(loop, "train_step", train_step)
+    m = fit(cfg)
+    assert m["status"] == "ok" and m["resumed_inside_epoch"] == {"epoch": 0, "position": 3}

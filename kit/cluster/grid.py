@@ -14,7 +14,8 @@ from kit.runs import finished_metrics, notebook_path, readable_metrics, run_dir_
 from kit.train.preemption import PREEMPTED_EXIT
 
 STUCK_EXIT = 3          # stopped, and a rerun would get no further (kit.batch's docstring)
-OUTCOMES = ("ok", "skipped", "failed", "absent", "preempted", "stopped", NOTEBOOK_FAILED)
+OUTCOMES = ("ok", "skipped", "failed", "blocked", "absent", "preempted", "stopped",
+            NOTEBOOK_FAILED)
 TRAINED = ("ok", "failed", NOTEBOOK_FAILED)     # a point that ran to an end: progress
 
 
@@ -48,6 +49,23 @@ def unfinished(points: list[dict]) -> int:
     return left
 
 
+def where_line(points: list[dict], per_device: int, processes: int = 1) -> str:
+    """Where the batch trains, as its first line says it: the device this process's torch sees
+    (a GPU by name: a wheel that cannot see the driver shows up as `cpu` here), the precision
+    each requested mixed_precision resolves to, the processes a run takes, and K."""
+    import torch                                        # a batch pays for it once, here
+    from kit.config.rules import precision_name
+    from kit.train.accel import machine_device, machine_precision
+    device = machine_device()
+    gpu = f" ({torch.cuda.get_device_name(0)})" if device == "cuda" else ""
+    asked = sorted({RunConfig.from_dict(p).mixed_precision for p in points})
+    precisions = ", ".join(precision_name(machine_precision(a)) + (f" ({a})" if a == "auto" else "")
+                           for a in asked)
+    spread = f", {processes} processes a run" if processes > 1 else ""
+    k = f"{per_device} points at once" if per_device > 1 else "one point at a time"
+    return f"on {device}{gpu}, {precisions}{spread}, {k}"
+
+
 def eta(started: float, ran: int, left: int) -> str:
     if not ran or not left:
         return ""
@@ -60,8 +78,9 @@ def summary(profile: Profile, counts: dict[str, int], started: float) -> str:
     points whose notebook failed after their run finished when there are any."""
     failed_notebooks = (f", {counts[NOTEBOOK_FAILED]} notebook failed after its run finished"
                         if counts[NOTEBOOK_FAILED] else "")
+    blocked = (f", {counts['blocked']} blocked (a source failed)" if counts["blocked"] else "")
     return (f"profile {profile.name}: {counts['ok']} ok, {counts['skipped']} skipped, "
-            f"{counts['failed']} failed, {counts['absent']} absent (task files missing)"
+            f"{counts['failed']} failed{blocked}, {counts['absent']} absent (task files missing)"
             f"{failed_notebooks} in {time.perf_counter() - started:.0f}s")
 
 
@@ -80,8 +99,9 @@ def held_line(profile: Profile, held: list[dict], lock_wait_s: float) -> str:
 
 
 def exit_status(counts: dict[str, int], held: list) -> int:
-    """1 when a point failed, a finished run's notebook failed or another batch holds a point."""
-    return 1 if counts["failed"] or counts[NOTEBOOK_FAILED] or held else 0
+    """1 when a point failed or was blocked, a finished run's notebook failed or another batch
+    holds a point."""
+    return 1 if counts["failed"] or counts["blocked"] or counts[NOTEBOOK_FAILED] or held else 0
 
 
 def stopped(profile: Profile, received: str | None, points: list[dict], counts: dict,

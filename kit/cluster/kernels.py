@@ -91,6 +91,7 @@ class Kernels:
         if fresh and env:
             raise ValueError("env applies to warm kernels only (papermill starts fresh ones)")
         self.fresh, self.env = fresh, env or {}
+        self.label = ""      # K > 1 (kit.cluster.pool): each line the point's kernel writes starts so
         self._manager: _Manager | None = None
         self._busy = False                   # a notebook runs: signals may reach it
         self._lock = threading.Lock()        # `signal` (another thread) vs. the end of a notebook
@@ -105,6 +106,8 @@ class Kernels:
         """Execute `notebook` with `parameters` into `output`; raises what papermill raises
         (the kernel is then discarded, unless the run in it stopped on a signal)."""
         import papermill as pm
+        if self.label and stderr_file is not None:
+            stderr_file = Labelled(stderr_file, self.label)
         run = functools.partial(pm.execute_notebook, str(notebook), str(output),
                                 parameters=parameters, kernel_name=KERNEL_NAME,
                                 progress_bar=False, cwd=str(REPO), stderr_file=stderr_file,
@@ -172,6 +175,24 @@ class Kernels:
                 raise
             self._manager = manager
         return self._manager
+
+
+class Labelled:
+    """A stream whose every line starts with `label`: the progress lines of K points at once,
+    interleaved on one terminal, say whose they are."""
+
+    def __init__(self, stream, label: str):
+        self.stream, self.label, self.at_start = stream, label, True
+
+    def write(self, text: str) -> None:
+        out = []
+        for part in text.splitlines(keepends=True):
+            out.append((self.label if self.at_start else "") + part)
+            self.at_start = part.endswith(("\n", "\r"))
+        self.stream.write("".join(out))
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 def _run_quietly(manager: _Manager, code: str, timeout: float = 120) -> None:

@@ -19,6 +19,7 @@ import collections
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,13 +27,16 @@ from kit.cluster import grid
 from kit.cluster.kernels import Kernels
 from kit.cluster.point import NOTEBOOK_FAILED
 from kit.cluster.signals import FORWARD
-from kit.config.grids import chains, point_label
+from kit.config.grids import chains, point_label, sources
 from kit.config.profiles import Profile
-from kit.config.run_config import RunConfig
-from kit.runs import finished_metrics
+from kit.config.run_config import ConfigError, RunConfig
+from kit.runs import finished_metrics, record_blocked
 
 LOCK_POLL_S = 2.0       # how often a batch looks again at the points another batch holds
 Unit = list[tuple[int, dict]]       # points (numbered 1.. in the batch's order) one slot runs
+FINISHED = ("ok", "skipped", NOTEBOOK_FAILED)     # a source whose output its readers may use
+SOURCE_WHY = {"failed": "failed", "blocked": "was blocked", "absent": "is absent (task files "
+              "missing)", None: "has not run (it comes later in the grid?)"}
 
 
 @dataclass
@@ -54,6 +58,13 @@ class Batch:
     halted: bool = False
     first_round: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
+    outcomes: dict[int, str] = field(default_factory=dict)     # point (1-based): its outcome
+    per_device: int = 1                 # K points at once (run_all sets it)
+    errors: list[str] = field(default_factory=list)     # slots ended by the batch's own error
+
+    def __post_init__(self):
+        # the points each point reads the output of (labels, an adapted model), 1-based
+        self.sources = {i + 1: [j + 1 for j in js] for i, js in sources(self.points).items()}
 
     def may_start(self) -> bool:
         """No new point after a signal, or once a point was stopped."""
@@ -68,12 +79,20 @@ class Batch:
         t0 = time.perf_counter()
         if cfg.run_id in self.absent:
             status, detail = "absent", self.absent[cfg.run_id]
+        elif (waits := self._source_not_ok(i, cfg)) is not None:
+            status, detail = waits
         else:
             if finished_metrics(cfg) is None and self.first_round:
                 self._say(f"{head}: started")
+            if self.per_device > 1 and kernels is not None:   # its lines, among K points'
+                kernels.label = f"[{i}/{len(self.points)}] "
             status, detail = self.run(point, kernels)
+            if status == "failed" and self.per_device > 1 and "out of memory" in detail.lower():
+                detail += (f"; {self.per_device} points shared the device (--per-device "
+                           f"{self.per_device}): fewer at once may fit")
         with self.lock:
             self.seen += self.first_round
+            self.outcomes[i] = status
             if status == "held":
                 self.held.append((i, point))
                 if self.first_round:
@@ -90,6 +109,27 @@ class Batch:
                 self.stopped.append(cfg)
                 self.halted = True
 
+    def _source_not_ok(self, i: int, cfg: RunConfig) -> tuple[str, str] | None:
+        """("blocked", why) for a point whose source did not finish ok (recorded in its
+        metrics.json, never trained on a fallback), ("held", why) while another batch holds the
+        source; None when it may run (or has finished: it is skipped as ever). A source's
+        outcome in this batch decides, else its record (a source run by an earlier batch)."""
+        if i not in self.sources or (finished_metrics(cfg) is not None and not cfg.rerun):
+            return None
+        for j in self.sources[i]:
+            source = RunConfig.from_dict(self.points[j - 1])
+            with self.lock:
+                status = self.outcomes.get(j)
+            if status in FINISHED or (status is None and finished_metrics(source) is not None):
+                continue
+            if status == "held":
+                return "held", f"its source {source.run_id} is held by another batch"
+            line = f"source {point_label(source.to_dict())} {SOURCE_WHY.get(status, status)}"
+            if not record_blocked(cfg, line, source.run_id):
+                return "held", "running in another batch"
+            return "blocked", line
+        return None
+
     def _say(self, line: str) -> None:
         with self.lock:
             print(line, flush=True)
@@ -101,6 +141,7 @@ def run_all(batch: Batch, kernels: Kernels, per_device: int, fresh: bool,
     by another batch again until `lock_wait_s` has passed. False when a signal (or a stopped
     point) ended it early: batch.stopped has the points it stopped."""
     numbered = list(enumerate(batch.points, 1))
+    batch.per_device = per_device
     if per_device == 1:
         units = [[p] for p in numbered]      # one after another, in grid order
     else:
@@ -113,10 +154,20 @@ def run_all(batch: Batch, kernels: Kernels, per_device: int, fresh: bool,
         if batch.halted:
             return False
         deadline = deadline or time.monotonic() + lock_wait_s
-        units = [[p] for p in batch.held] if batch.held and time.monotonic() < deadline else []
+        units = (again(batch.held, per_device)
+                 if batch.held and time.monotonic() < deadline else [])
         time.sleep(max(0.0, min(LOCK_POLL_S, deadline - time.monotonic())) if units else 0)
         batch.first_round = False
     return True
+
+
+def again(held: Unit, per_device: int) -> list[Unit]:
+    """The held points as the next round's units: one each in order with one slot, else whole
+    chains, so a point held with its source still runs after it."""
+    if per_device == 1:
+        return [[p] for p in held]
+    place = {id(point): (i, point) for i, point in held}
+    return [[place[id(p)] for p in chain] for chain in chains([p for _, p in held])]
 
 
 def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int,
@@ -141,9 +192,8 @@ def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int
     if per_device == 1:
         work(kernels)
         return
-    env = {"OMP_NUM_THREADS": threads_per_point(per_device)}
-
-    errors: list[BaseException] = []
+    # each kernel knows K: its runs record it (kit.train.provenance.points_per_device)
+    env = {"OMP_NUM_THREADS": threads_per_point(per_device), "SSA_KIT_PER_DEVICE": str(per_device)}
 
     def slot() -> None:
         # made, used and shut down in this thread: a kernel manager's sockets live in the
@@ -151,10 +201,11 @@ def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int
         try:
             with Kernels(env=env) as own:
                 work(own)
-        except BaseException as err:    # the batch's bug, not a point's: raised below
-            with batch.lock:
-                batch.halted = True
-                errors.append(err)
+        except BaseException as err:    # the batch's bug, not a point's: the other slots take
+            with batch.lock:            # its points; the batch still ends with its summary
+                traceback.print_exc()
+                batch.errors.append(f"{threading.current_thread().name}: "
+                                    f"{type(err).__name__}: {err}".splitlines()[0])
 
     threads = [threading.Thread(target=slot, name=f"ssa-kit slot {n}", daemon=True)
                for n in range(min(per_device, len(units)))]
@@ -163,8 +214,16 @@ def run_units(batch: Batch, units: list[Unit], kernels: Kernels, per_device: int
     for thread in threads:
         while thread.is_alive():        # in short waits: the signal handler runs in between
             thread.join(0.5)
-    if errors:
-        raise errors[0]
+    if queue and not batch.halted:      # every slot ended on an error: the rest, one by one here
+        work(kernels)
+
+
+def refuse_mixed(per_device: int, processes: int, nodes: int, source: str) -> None:
+    """One rule for K, wherever it was set (`source`: the command line, a profile, a frozen
+    grid): K > 1 runs several points on one device, --processes / --nodes one point on several."""
+    if per_device > 1 and (processes > 1 or nodes > 1):
+        raise ConfigError(f"per_device {per_device} ({source}) runs several points on one device; "
+                          "--processes and --nodes run one point on several: choose one")
 
 
 def threads_per_point(per_device: int) -> str:

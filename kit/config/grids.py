@@ -41,17 +41,29 @@ def frozen(profile: Profile) -> tuple[str, str]:
     return text, hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def chains(points: list[dict]) -> list[list[dict]]:
-    """The points in groups that run in one task, each group in grid order and the groups in
-    the order of their first points: a point whose text values name a folder another point
-    writes (its adapted_dir, or a folder inside it) or another point's run folder (a path
-    ending in its run id) joins that point's group."""
+def sources(points: list[dict]) -> dict[int, list[int]]:
+    """{point: the earlier points whose output it reads}, by index: a point whose text values
+    name a folder another point writes (its adapted_dir, or a folder inside it) or another
+    point's run folder (a path ending in its run id) reads that point's output."""
     made, ids = {}, {}
     for i, point in enumerate(points):
         cfg = RunConfig.from_dict(point)
         ids[cfg.run_id] = i
         if cfg.adapted_dir:
             made[project_path(cfg.adapted_dir)] = i
+    found: dict[int, list[int]] = {}
+    for i, point in enumerate(points):
+        for value in (v for v in point.values() if isinstance(v, str) and v):
+            for j in (writer(value, made), ids.get(Path(value).name)):
+                if j is not None and j != i and j not in found.get(i, []):
+                    found.setdefault(i, []).append(j)
+    return found
+
+
+def chains(points: list[dict]) -> list[list[dict]]:
+    """The points in groups that run in one task, each group in grid order and the groups in
+    the order of their first points: a point joins the group of every point it reads from
+    (`sources`)."""
     group = list(range(len(points)))
 
     def root(i: int) -> int:
@@ -59,11 +71,9 @@ def chains(points: list[dict]) -> list[list[dict]]:
             i = group[i]
         return i
 
-    for i, point in enumerate(points):
-        for value in (v for v in point.values() if isinstance(v, str) and v):
-            for j in (writer(value, made), ids.get(Path(value).name)):
-                if j is not None:
-                    group[root(i)] = root(j)
+    for i, read in sources(points).items():
+        for j in read:
+            group[root(i)] = root(j)
     out: dict[int, list[dict]] = {}
     for i, point in enumerate(points):
         out.setdefault(root(i), []).append(point)

@@ -61,6 +61,25 @@ YamlLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _mapping_once(loader: YamlLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A YAML mapping whose every key is given once: PyYAML keeps the last of two silently, and
+    a grid with `lr` twice would run one of them without a word."""
+    seen = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":     # `<<: *base`: overridden on purpose
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice in one mapping (line {seen[key] + 1} and "
+                f"line {key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
+
+
 OUTPUTS = "{outputs}"               # in a point's text values: the batch's outputs folder
 
 
@@ -145,6 +164,10 @@ def _grids(path: Path, spec: dict) -> list[dict]:
         if not isinstance(grid, dict):
             raise ConfigError(f"{path}: `grid` must be a mapping of parameter: value(s), or a "
                               f"list of such mappings; got {grid!r}")
+        for key, value in grid.items():
+            if value == []:
+                raise ConfigError(f"{path}: grid parameter {key!r} has no values ([]): the "
+                                  "grid would have no points; give it at least one")
     overrides = spec.get("task_overrides") or {}
     if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
         raise ConfigError(f"{path}: `task_overrides` must map a task to parameter: value, "
@@ -155,14 +178,19 @@ def _grids(path: Path, spec: dict) -> list[dict]:
     return grids
 
 
+def _task_key(name) -> str:
+    """A task's name as the registry spells it (sst2 / SST-2), else as given."""
+    try:
+        return canonical_task_name(str(name))
+    except ValueError:
+        return str(name)
+
+
 def _overrides_for(overrides: dict, task) -> dict:
     """A task's overrides, whichever spelling the grid and the overrides use (sst2 / SST-2)."""
-    def key(name) -> str:
-        try:
-            return canonical_task_name(str(name))
-        except ValueError:
-            return str(name)
-    return next((v for k, v in overrides.items() if key(k) == key(task)), {}) if task else {}
+    if not task:
+        return {}
+    return next((v for k, v in overrides.items() if _task_key(k) == _task_key(task)), {})
 
 
 def load_profile(name: str, outputs_dir: str = "outputs", only: list[str] | None = None
@@ -205,19 +233,18 @@ def load_profile(name: str, outputs_dir: str = "outputs", only: list[str] | None
     paper = spec.get("paper", "none")
     if paper not in PAPER_TABLES:
         raise ConfigError(f"{path}: `paper` must be one of {', '.join(PAPER_TABLES)}, got {paper!r}")
-    return Profile(path.stem, path, notebook, only_points(points, only or [], path),
-                   bool(spec.get("skip_missing_tasks", False)), figures, report, per_device, paper)
+    skip = spec.get("skip_missing_tasks", False)
+    if not isinstance(skip, bool):
+        raise ConfigError(f"{path}: `skip_missing_tasks` must be true or false, got {skip!r}")
+    _check_grid_names_something(path, spec)
+    _check_overrides_used(path, spec.get("task_overrides") or {}, points)
+    return Profile(path.stem, path, notebook, only_points(points, only or [], path), skip,
+                   figures, report, per_device, paper)
 
 
 def _spelled(key: str, value) -> str:
     """A grid value as --only compares it: task names in the registry's spelling (sst2 = SST-2)."""
-    text = str(value)
-    if key == "task":
-        try:
-            return canonical_task_name(text)
-        except ValueError:
-            return text
-    return text
+    return _task_key(value) if key == "task" else str(value)
 
 
 def only_points(points: list[dict], specs: list[str], path: Path | str = "profile") -> list[dict]:
@@ -242,6 +269,25 @@ def only_points(points: list[dict], specs: list[str], path: Path | str = "profil
     if specs and not points:
         raise ConfigError(f"--only {' --only '.join(specs)}: no point of {path} has all of them")
     return points
+
+
+def _check_grid_names_something(path: Path, spec: dict) -> None:
+    """An empty file, or a grid naming no parameter, would run one default point (the
+    synthetic task for 3 epochs) that nobody asked for."""
+    grids = spec.get("grid") or {}
+    if not any(grids if isinstance(grids, list) else [grids]):
+        raise ConfigError(f"{path}: no grid: a profile names its runs under `grid:` (e.g. "
+                          "grid: {task: RTE, method: [bert, ssa-h]}); params/smoke.yaml is one")
+
+
+def _check_overrides_used(path: Path, overrides: dict, points: list[dict]) -> None:
+    """Overrides for a task no point has: a typo (STS-B for the grid's SST-2) that would
+    leave the points it meant without them."""
+    tasks = {p["task"] for p in points if p.get("task")}
+    for task in overrides:
+        if _task_key(task) not in {_task_key(t) for t in tasks}:
+            raise ConfigError(f"{path}: task_overrides names {task!r}, which no grid point has "
+                              f"(tasks: {', '.join(sorted(map(str, tasks)))})")
 
 
 def shard(points: list, spec: str | None) -> list:

@@ -43,6 +43,7 @@ RANGES = {
     "pd_factor": "[0, inf)", "ad_factor": "[0, inf)", "synthetic_spurious": "[0, 1]",
     "synthetic_distractors": "[0, 64]", "steps_per_epoch": "[0, inf)", "adapter_rank": "[0, inf)",
     "gate_start_epoch": "[0, inf)", "freeze_qkv_epoch": "[0, inf)", "mlm_probability": "(0, 1)",
+    "seed": "[0, 4294967295]",          # numpy's and torch's seeds: 0 .. 2**32 - 1
 }
 # csv_metric choices by task kind; rmse is lower-is-better (kit.train.metrics.task_score negates it)
 CSV_METRICS = {"regression": ("rmse", "pearson", "spearman"),

@@ -74,12 +74,15 @@ class Masker:
                                                    special_tokens_mask=special.long(), **extra)
 
 
-def padded_offsets(offsets: list[np.ndarray] | None, rows) -> torch.Tensor | None:
-    """The rows' token offsets padded like their ids ([rows, longest, 2]; padding (0, 0))."""
+def padded_offsets(offsets: list[np.ndarray] | None, rows,
+                   length: int | None = None) -> torch.Tensor | None:
+    """The rows' token offsets padded like their ids ([rows, length, 2]; padding (0, 0)):
+    `length` the ids' padded length (a length bucket's, which may exceed the longest row's:
+    whole-word masking broadcasts the two against each other), else the longest row's."""
     if offsets is None:
         return None
     picked = [offsets[i] for i in rows]
-    longest = max((len(x) for x in picked), default=0)
+    longest = max((len(x) for x in picked), default=0) if length is None else length
     out = np.zeros((len(picked), longest, 2), dtype=np.int64)
     for i, x in enumerate(picked):
         out[i, :len(x)] = x

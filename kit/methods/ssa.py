@@ -35,11 +35,11 @@ from typing import Callable
 import numpy as np
 
 from kit.config.paths import input_path
-from kit.config.run_config import RunConfig
+from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import IGNORE, Examples, pad_rows, unpad
 from kit.methods.bert_mask import (Masking, budgeted, draw_masks, masked_copies, real_tokens,
                                    variant_counts)
-from kit.runs import read_saved_epoch, write_saved_labels
+from kit.runs import read_saved_epoch, readable_metrics, write_saved_labels
 
 PredictFn = Callable[[Examples], np.ndarray]   # examples -> class ids or regression values
 
@@ -203,6 +203,17 @@ def code_labels(train: Examples, predict: PredictFn, ssa: SSASettings, regressio
     return Examples.concat([*copies_kept, all_ones(train.subset(plain))])
 
 
+def missing_labels(source: str, epoch: int) -> str:
+    """Why `reuse_labels_from` has no labels for `epoch`: the folder is not there, the run did
+    not finish ok (a failed source), or it saved none for that epoch."""
+    status = (readable_metrics(Path(source)) or {}).get("status") if Path(source).is_dir() else None
+    why = ("no such folder" if not Path(source).is_dir() else
+           f"that run's status is {status or 'unknown (no metrics.json)'}" if status != "ok" else
+           "that run saved no labels for it (save_labels: true, and as many epochs as this run)")
+    return (f"reuse_labels_from: {source} has no saved SSA labels for epoch {epoch} ({why}); "
+            "this run would otherwise probe its own labels, another experiment than asked")
+
+
 def ssa_labels_epoch(train: Examples, ssa: SSASettings, epoch: int, rng: np.random.Generator,
                      predict: PredictFn, regression: bool, mask_id: int,
                      run_dir: Path | None = None) -> tuple[Examples, dict | None]:
@@ -214,8 +225,10 @@ def ssa_labels_epoch(train: Examples, ssa: SSASettings, epoch: int, rng: np.rand
     started = time.perf_counter()
     # kit.runs reads the saved arrays as data: the source may be a shared folder, and a pickle
     # there (labels of an earlier kit version included) is refused, never loaded
-    saved = read_saved_epoch(ssa.reuse_labels_from, epoch) if ssa.reuse_labels_from else None
-    if saved is not None:
+    if ssa.reuse_labels_from:       # the labels of that run, or an error: never a probe
+        saved = read_saved_epoch(ssa.reuse_labels_from, epoch)
+        if saved is None:
+            raise ConfigError(missing_labels(ssa.reuse_labels_from, epoch))
         stats = {**saved["stats"], "reused": True, "wall_s": time.perf_counter() - started}
         return Examples(**saved["epoch_set"]), stats
     stats = LabelStats(epoch=epoch, rule=ssa.label_rule)

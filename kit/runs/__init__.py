@@ -22,7 +22,8 @@ status ok) is reused, unless rerun replaces it with a run that ends ok; a lock k
 processes from training one config at once. `from kit.runs import X` reaches every name.
 """
 from kit.runs.frame import (KEPT, RunLocked, RunPreempted, aside_line, base_record,  # noqa: F401
-                            begin, end_rerun, lock, record_failed, run_recorded)
+                            begin, end_rerun, lock, record_blocked, record_failed,
+                            run_recorded)
 from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,  # noqa: F401
                            dev_predictions_path, finished_metrics, history_path, metrics_path,
                            metrics_stamp, notebook_error, notebook_path, predictions_dir,

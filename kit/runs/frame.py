@@ -115,6 +115,21 @@ def record_failed(cfg: RunConfig, error: str, tb: str | None = None,
         return _put_back(cfg) if got else aside_line(cfg)
 
 
+def record_blocked(cfg: RunConfig, why: str, source: str) -> bool:
+    """metrics.json of a point that reads another point's output (SSA labels, an adapted model)
+    when that source (run id `source`) did not finish ok: status failed, error `blocked (why)`,
+    `blocked_by` the source; it never trained, so every reader counts it failed and a rerun
+    tries it again after its source. False (nothing written) when another process holds the
+    run."""
+    make_run_dir(cfg)
+    with lock(cfg) as got:
+        if got:
+            kio.write_json(metrics_path(run_dir_of(cfg)), {
+                **base_record(cfg), "status": "failed", "error": f"blocked ({why})",
+                "blocked_by": source})
+    return bool(got)
+
+
 def _write_failed(cfg: RunConfig, error: str, tb: str | None, environment: dict | None) -> None:
     kio.write_json(metrics_path(run_dir_of(cfg)), {
         **base_record(cfg), "status": "failed", "error": error,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from kit.config.run_config import ConfigError
+
 # CPU features with bf16 matrix instructions (torch.cpu.get_capabilities() names): there a bf16
 # matmul runs ~2.3x the fp32 one (docs/benchmarks.md); elsewhere bf16 is emulated, slower than fp32.
 # ARM's bf16 is left at fp32: not measured.
@@ -36,7 +38,7 @@ def cpu_bf16_pretended() -> bool | None:
     if not value:
         return None
     if value not in CPU_BF16_CHOICES:
-        raise ValueError(f"{CPU_BF16_SWITCH}={value!r}: use one of {', '.join(CPU_BF16_CHOICES)} "
+        raise ConfigError(f"{CPU_BF16_SWITCH}={value!r}: use one of {', '.join(CPU_BF16_CHOICES)} "
                          "(or leave it unset: this CPU decides)")
     return CPU_BF16_CHOICES[value]
 

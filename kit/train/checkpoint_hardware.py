@@ -4,6 +4,7 @@ and the check that accelerate really restored every RNG (`check_rngs`).
 """
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -68,15 +69,29 @@ def gpus_of_rng_file(folder: Path, accelerator) -> dict:
         return {}
 
 
-def compare(folder: Path, written: dict, here: dict, allowed: bool) -> str | None:
+# what a scheduler's requeue may change on a mixed partition (A100-40GB and -80GB nodes): the
+# GPU's model and how many a task sees. Precision, device type and processes are the run's own
+NODE_ONLY = {"gpu", "gpus"}
+
+
+def requeued() -> bool:
+    """Inside a SLURM job, where a preempted task is requeued onto whatever node is free."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def compare(folder: Path, written: dict, here: dict, allowed: bool,
+            scheduled: bool = False) -> str | None:
     """None on the same hardware; else the line saying what differs, raised as CheckpointError
-    unless the run allows another hardware (then returned, the run's note)."""
+    unless the run allows another hardware, or (`scheduled`: inside a SLURM job) only the GPU
+    node changed: then returned, the run's note. A preemption stays a preemption."""
     differs = _differs(written, here)
     if not differs:
         return None
     line = f"{folder} was written with {describe(written)}; this run has {describe(here)}"
     if allowed:
         return f"{line}: resumed there (resume_on_other_hardware), not bit for bit"
+    if scheduled and set(differs) <= NODE_ONLY:
+        return f"{line}: resumed there (a SLURM job requeued onto another GPU node), not bit for bit"
     auto = " (mixed_precision auto resolves per machine)" if "precision" in differs else ""
     processes = f" (--processes {written['processes']})" if "processes" in differs else ""
     raise CheckpointError(f"{line}{auto}: resume it on hardware like that{processes}, set "

@@ -54,6 +54,11 @@ class Job:
     def epoch(self, epoch: int, probe: Callable[[Examples], np.ndarray], unwrapped) -> Epoch:
         raise NotImplementedError
 
+    def on_host(self, batch: dict, task: int) -> dict:
+        """The step's batch as collated (host tensors), before it goes to the device: where a
+        job draws per-batch inputs (pretraining's masks) without reading the device back."""
+        return batch
+
     def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 

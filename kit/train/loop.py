@@ -37,9 +37,10 @@ from kit.data.tensors import collate
 from kit.train.optim import (LinearSchedule, merged_groups, parameter_groups,
                              refuse_other_groups)
 from kit.config.paths import kit_commit
-from kit.train.provenance import environment
+from kit.train.provenance import environment, points_per_device
 from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
-from kit.train.window import LossWindow, NonFiniteLoss, check_finite, history_row  # noqa: F401
+from kit.train.window import (LossWindow, NonFiniteLoss, check_finite, history_row,  # noqa: F401
+                              refuse_non_finite)
 from kit.train.job import Epoch, Job  # noqa: F401 (kit.train.loop.Job: what a job subclasses)
 
 
@@ -169,7 +170,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
                               initial=progress.position, total=len(work.plan),
                               disable=not accelerator.is_local_main_process)
         for i, (t, rows) in enumerate(steps, progress.position):
-            batch = to_device(collate(work.sets[t], shard(rows, accelerator), job.pad_id, shape),
+            batch = to_device(job.on_host(collate(work.sets[t], shard(rows, accelerator),
+                                                  job.pad_id, shape), t),
                               accelerator.device, reads)
             at = (epoch + (i + 1) / len(work.plan)) / cfg.epochs
             # the epoch's last accumulation may hold fewer batches: it steps at the epoch's end,
@@ -197,6 +199,8 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             stopping, due = stop.agreed(progress.step, accelerator)
             if stopping or (due and i + 1 < len(work.plan)):
                 progress.window, progress.window_tasks = window.saved()
+                refuse_non_finite(accelerator, unwrapped, progress.window, list(terms), epoch,
+                                  progress.step, accelerator.mixed_precision)
                 progress.lr = lr
                 t0 = run_state.save_inside(accelerator, run_dir, progress, work, i + 1, t0,
                                            started)
@@ -213,6 +217,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         try:
             dev_metrics, three, results = job.evaluate(predict, unwrapped)
         except preemption.Interrupted:      # keep the epoch's training; the resumed run evaluates
+            refuse_non_finite(accelerator, unwrapped, [], [], epoch, progress.step)
             progress.window, progress.window_tasks, progress.lr = [], [], lr
             progress.epoch_train_s = epoch_train_s
             run_state.save_inside(accelerator, run_dir, progress, work, len(work.plan),
@@ -240,6 +245,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
         walls["eval"] += time.perf_counter() - t0
         progress.epoch, progress.elapsed, progress.position = epoch, time.perf_counter() - started, None
         # every rank: each saves its RNG state; `best` only where it is kept or predicts the test
+        refuse_non_finite(accelerator, unwrapped, [], [], epoch, progress.step)
         run_state.save_checkpoints(accelerator, unwrapped, job.tokenizer, run_dir,
                                    improved and (cfg.save_checkpoints or job.has_test), job.save,
                                    progress)
@@ -268,7 +274,7 @@ def run(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
             "resumed_after_epoch": progress.resumed_after_epoch,
             "resumed_inside_epoch": progress.resumed_at,
             "resumed_on_other_hardware": progress.other_hardware,
-            "processes": accelerator.num_processes,
+            "processes": accelerator.num_processes, "per_device": points_per_device(),
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision,
             "dropout_rng": dropout_rng, "length_buckets": "off" if shape is None else "on",
             "cuda_graphs": "on" if graphs else "off"}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from kit import methods
 from kit.config.grids import writer
-from kit.config.paths import project_path
+from kit.config.paths import input_path, project_path
 from kit.config.profiles import Profile
-from kit.config.run_config import RunConfig
+from kit.config.run_config import ConfigError, RunConfig
 from kit.config.tasks import GLUE_TASKS
 from kit.data.hub import hub_unreachable
 from kit.data.pipeline import glue_source, load_task_data
@@ -67,15 +67,27 @@ def _check_model_folder(model: str, made: dict[Path, int]) -> None:
         raise ModelError(missing)
 
 
+def _check_label_source(cfg: RunConfig, ids: set[str], where: Path) -> None:
+    """`reuse_labels_from` names a run folder that exists or that a point of this batch writes
+    (its run id), else one line now: the run would fail at its first SSA epoch."""
+    source = cfg.reuse_labels_from
+    if source and not input_path(source).is_dir() and Path(source).name not in ids:
+        raise ConfigError(f"{where}: reuse_labels_from: {source}: no such run folder, and no "
+                          "point of this grid is that run")
+
+
 def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
     """Check every point's data before any kernel starts; returns {run_id: why} for points to
     skip (their task is found nowhere and the profile says skip_missing_tasks). Raises one-line
     ConfigError / DataError / ModelError for everything else: a task missing from a profile that
     needs it, a glue_dir that does not exist, a malformed file (with its line), a tracker not
-    installed, a model folder that is not there (and that no earlier point writes)."""
+    installed, a model folder that is not there (and that no earlier point writes), a
+    reuse_labels_from folder that is not there (and is no point's run)."""
     absent, checked, made = {}, {}, {}
+    ids = {RunConfig.from_dict(p).run_id for p in points}
     for i, point in enumerate(points):
         cfg = RunConfig.from_dict(point)
+        _check_label_source(cfg, ids, profile.path)
         ktracking.resolve(cfg.report_to)         # an explicit tracker that is not installed
         check_hub_model(cfg.model)               # offline and not cached: one line, now
         _check_model_folder(cfg.model, made)

@@ -27,6 +27,7 @@ from kit.train import loop, run_state
 from kit import io as kio
 from kit.train import progress as kprogress
 from kit.train.accel import process_state
+from kit.models.attention_mask import encoder_mask
 from kit.models.backbones import TINY, ModelError, load_backbone, model_path
 from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
@@ -65,17 +66,22 @@ class MaskedLM(nn.Module):
         return self.lm.base_model
 
     def _select(self, module, args):
-        if self._picked is not None and args[0].shape[:-1] == self._picked.shape:
-            return (args[0][self._picked], *args[1:])
+        if self._picked is not None and args[0].dim() == 3:
+            return (args[0].flatten(0, 1).index_select(0, self._picked), *args[1:])
         return None
 
-    def forward(self, labels: torch.Tensor, **inputs) -> torch.Tensor:
-        self._picked = labels != IGNORE
+    def forward(self, masked: torch.Tensor, **inputs) -> torch.Tensor:
+        """`masked`: the flat positions (row * length + column) of the masked tokens, found on
+        the host (`masked_positions`): gathering by index reads nothing back from the device,
+        where a boolean mask's selection would (its count decides the shape)."""
+        self._picked = masked
+        if inputs.get("attention_mask") is not None:    # 4-D: transformers reads no 2-D one back
+            inputs["attention_mask"] = encoder_mask(self.lm.base_model, inputs["attention_mask"])
         try:
             logits = self.lm(**inputs).logits
         finally:
-            picked, self._picked = self._picked, None
-        return logits if logits.dim() == 2 else logits[picked]    # no hook: select after
+            self._picked = None
+        return logits if logits.dim() == 2 else logits.flatten(0, 1).index_select(0, masked)
 
 
 @contextmanager
@@ -128,20 +134,28 @@ def load_masked_lm(name: str) -> tuple[MaskedLM, object, list[str]]:
     return MaskedLM(lm.train()), tokenizer, new
 
 
-def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed cross-entropy in fp32, count) over the masked positions: `logits` are theirs
-    (MaskedLM), `labels` the whole batch's."""
-    target = labels[labels != IGNORE]
+def masked_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The flat positions of a HOST batch's masked tokens (labels not IGNORE), int64."""
+    return (labels.flatten() != IGNORE).nonzero().squeeze(1)
+
+
+def masked_loss(logits: torch.Tensor, labels: torch.Tensor,
+                masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy in fp32, count) over the masked positions `masked`: `logits` are
+    theirs (MaskedLM), `labels` the whole batch's. The count is the index's length: known on
+    the host, no read."""
+    target = labels.flatten().index_select(0, masked)
     total = nn.functional.cross_entropy(logits.float(), target, reduction="sum")
-    return total, torch.tensor(len(target), device=logits.device)
+    return total, torch.tensor(float(len(masked)), device=logits.device)
 
 
 class Pretrain(loop.Job):
     """Masked-LM training on a task's text; dev metrics {mlm_loss, perplexity, score=-mlm_loss}
     of the held-out text; `adapted_dir` gets the best epoch's model after training."""
-    # its masking reads the rows and the special-token mask (on the host, per step), and a row
-    # of weight 0 would be masked and weighed like any other: lengths are bucketed, rows not
+    # a row of weight 0 would be masked and weighed like any other: lengths are bucketed, rows
+    # not. Masking happens on the host (on_host), so only these go to the device
     pads_rows = False
+    inputs = ("input_ids", "attention_mask", "labels", "masked", "token_type_ids")
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -181,19 +195,22 @@ class Pretrain(loop.Job):
                    if cfg.group_by_length else random_batches(len(self.train), cfg.batch_size, rng))
         return loop.Epoch([self.train], [(0, rows) for rows in batches])
 
-    def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
-        # masked on the CPU (transformers' collator), seeded by (seed, epoch, rows): a batch's
-        # rows are its own on every rank and in every run, resumed or not
+    def on_host(self, batch: dict, task: int) -> dict:
+        """Masked on the host before the copy (transformers' collator), seeded by (seed, epoch,
+        rows): a batch's rows are its own on every rank and in every run, resumed or not; the
+        step reads nothing back. Offsets are padded to the ids' length (a length bucket's)."""
         rows = batch["rows"].tolist()
-        ids, labels = self.masker(batch["input_ids"].cpu(), batch["special_mask"].cpu(),
-                                  padded_offsets(self.train_offsets, rows),
+        ids, labels = self.masker(batch["input_ids"], batch["special_mask"],
+                                  padded_offsets(self.train_offsets, rows,
+                                                 batch["input_ids"].shape[1]),
                                   seed_of(self.cfg.seed, self.epoch_index, *rows))
-        device = batch["input_ids"].device
-        labels = labels.to(device)
-        logits = model(labels=labels, input_ids=ids.to(device),
+        return {**batch, "input_ids": ids, "labels": labels, "masked": masked_positions(labels)}
+
+    def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
+        logits = model(masked=batch["masked"], input_ids=batch["input_ids"],
                        attention_mask=batch["attention_mask"],
                        token_type_ids=batch.get("token_type_ids"))
-        total, count = masked_loss(logits, labels)
+        total, count = masked_loss(logits, batch["labels"], batch["masked"])
         return {"loss": total / count.clamp(min=1)}   # a batch with no mask: loss 0, no NaN
 
     def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
@@ -285,8 +302,11 @@ def _masked_sums(model, examples: Examples, masked: list[np.ndarray], labels: li
               "labels": pad_rows([labels[i] for i in rows], IGNORE, np.int64)}
     if examples.token_type_ids is not None:
         inputs["token_type_ids"] = pad_rows([examples.token_type_ids[i] for i in rows], 0)
-    inputs = {k: torch.from_numpy(v).to(device) for k, v in inputs.items()}
-    total, count = masked_loss(model(**inputs), inputs["labels"])
+    inputs = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    inputs["masked"] = masked_positions(inputs["labels"])
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    labels = inputs.pop("labels")
+    total, count = masked_loss(model(**inputs), labels, inputs["masked"])
     return torch.stack([total.double().cpu(), count.double().cpu()])
 
 

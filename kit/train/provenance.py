@@ -7,6 +7,7 @@ with it, and a table that mixes environments says so in one line
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import subprocess
 import sys
@@ -99,8 +100,20 @@ def versions() -> dict:
     return out
 
 
+PER_DEVICE_ENV = "SSA_KIT_PER_DEVICE"   # set by kit.cluster.pool for the kernels of K > 1
+
+
+def points_per_device() -> int:
+    """K, the points that shared this run's device (kit.cluster.pool's slots say so in their
+    kernels' environment; 1 otherwise): its wall clock and examples per second were measured
+    beside K - 1 others, so tables and figures keep them apart."""
+    value = os.environ.get(PER_DEVICE_ENV, "1")
+    return int(value) if value.isdigit() and int(value) >= 1 else 1
+
+
 def environment(processes: int) -> dict:
     """The provenance block of a run's metrics.json."""
     commit, dirty = kit_commit()
     return {"kit_commit": commit, "kit_dirty": dirty, **versions(), "cpu": cpu_info(),
-            "threads": torch.get_num_threads(), "gpu": gpu_info(), "processes": processes}
+            "threads": torch.get_num_threads(), "gpu": gpu_info(), "processes": processes,
+            "per_device": points_per_device()}

@@ -174,7 +174,7 @@ def resume(accelerator, run_dir: Path, progress: Progress,
         written = state.get("written_on") or khw.older_checkpoint(folder, here)
         if "gpus" in here and "gpus" not in written:
             written = {**written, **khw.gpus_of_rng_file(folder, accelerator)}
-        note = khw.compare(folder, written, here, other_hardware)
+        note = khw.compare(folder, written, here, other_hardware, khw.requeued())
         scaler = accelerator.scaler
         if not (folder / "scaler.pt").exists():   # fp16 here, not there: a fresh loss scale
             accelerator.scaler = None

@@ -61,11 +61,35 @@ def check_finite(window, names: list[str], epoch: int, step: int, precision: str
     for row, values in enumerate(rows):
         if all(math.isfinite(v) for v in values):
             continue
-        at = step - len(rows) + row
+        at = step - len(rows) + row + 1       # `step` counts from 1, as history.csv does
         hint = ("; fp16 autocast: activations may have left fp16's range (65504), bf16 or no "
                 "would keep them" if precision == "fp16" else "")
         raise NonFiniteLoss(f"non-finite loss at epoch {epoch} step {at}: " + ", ".join(
             f"{k}={v:.4g}" for k, v in zip(names, values)) + hint)
+
+
+def refuse_non_finite(accelerator, model, rows: list[list[float]], names: list[str], epoch: int,
+                      step: int, precision: str = "no") -> None:
+    """Before any checkpoint: the window's values (already on the host for the checkpoint) and
+    the weights about to be saved must be finite, else NonFiniteLoss, and `last` / `best` keep
+    the previous, finite state, which a rerun resumes from. The weights' check is one device
+    read, at a checkpoint only (saving them reads them all anyway): a step whose loss was finite
+    can still write non-finite weights. Every process raises alike (the flags are summed)."""
+    try:
+        check_finite(rows, names, epoch, step, precision)
+        why = ""
+    except NonFiniteLoss as err:
+        why = str(err)
+    weights = torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all()
+    bad = torch.stack([~weights, torch.tensor(bool(why), device=weights.device)]).float()
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(bad, "sum")
+    bad_weights, bad_loss = bad.tolist()
+    if not (bad_weights or bad_loss):
+        return
+    why = why or (f"non-finite loss on another process by epoch {epoch} step {step}" if bad_loss
+                  else f"non-finite weights after epoch {epoch} step {step}")
+    raise NonFiniteLoss(f"{why}; checkpoint/last keeps the last finite state")
 
 
 def history_row(step: int, epoch: float, wall_s: float, names: list[str], means: list[float],

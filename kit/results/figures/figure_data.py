@@ -66,6 +66,16 @@ def single(runs: pd.DataFrame, column: str, what: str) -> str:
     return values[0]
 
 
+def one_per_device(runs: pd.DataFrame, what: str) -> None:
+    """Refuse to mix runs timed alone with runs that shared their device (K points at once,
+    --per-device): their wall clocks measure different things."""
+    ks = sorted({int(k) for k in runs.get("per_device", pd.Series(dtype=float)).fillna(1)})
+    if len(ks) > 1:
+        raise ValueError(f"{what}: its runs were timed with {' and '.join(map(str, ks))} points "
+                         "per device at once (--per-device): their wall clocks do not compare; "
+                         "pick runs of one kind (a profile run alike)")
+
+
 def _one_per_seed(runs: pd.DataFrame, keys: Sequence[str], what: str) -> None:
     dup = runs.duplicated([*keys, "seed"], keep=False)
     if dup.any():
@@ -158,6 +168,7 @@ def cost_curves(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS,
     if ok.empty:
         raise ValueError(f"cost figure: no finished runs of {', '.join(methods)}")
     single(ok, "task", "cost figure")
+    one_per_device(ok, "cost figure")
     _one_per_seed(ok, ["method"], "cost figure")
     return pd.concat([_loss_curve(run, loss) for _, run in ok.iterrows()], ignore_index=True)
 
@@ -186,6 +197,7 @@ def cost_summary(runs: pd.DataFrame, methods: Sequence[str] = COST_METHODS) -> p
     evaluation, the best dev score, the last logged target-task loss (train_loss_target: the
     loss that compares across methods) and the label generation share of the total."""
     ok = finished(runs, methods)
+    one_per_device(ok, "cost table")
     columns = ["wall_total_s", "wall_train_s", "wall_label_generation_s", "wall_eval_s",
                "score", "train_loss_target"]
     table = ok[["method", "seed", *[c for c in columns if c in ok.columns]]].copy()

@@ -11,6 +11,7 @@ folders. Metric values in the run folders are fractions.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -51,6 +52,15 @@ def _run_rows(run_dir: Path) -> list[dict]:
             for name, values in per_task.items()]
 
 
+def _rows_or_skip(run_dir: Path) -> list[dict]:
+    """`_run_rows`, or none and a line naming the damaged file."""
+    try:
+        return _run_rows(run_dir)
+    except ValueError as err:
+        print(f"skipped a damaged run: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
+        return []
+
+
 def _checked(run_dir: Path, metrics: dict | None) -> dict:
     """metrics.json as a row reads it: status ok (with a best-dev score) or failed; a run
     without one is "missing" (still running or killed), and so is a preempted one (stopped by
@@ -85,7 +95,8 @@ def _run_row(run_dir: Path, config: dict, metrics: dict | None) -> dict:
                three_subset_std=three.get("std"))
     row.update({f"wall_{part}_s": secs for part, secs in (metrics.get("wall_s") or {}).items()})
     row.update(train_examples_per_s=metrics.get("train_examples_per_s"),
-               peak_memory_mb=metrics.get("peak_memory_mb"))
+               peak_memory_mb=metrics.get("peak_memory_mb"),
+               per_device=metrics.get("per_device") or 1)     # K points shared its device
     row.update({f"last_{k}": v for k, v in (metrics.get("last_dev") or {}).items()})
     subsets = [e["three_subset"]["subsets"] for e in metrics.get("epochs") or []
                if len((e.get("three_subset") or {}).get("subsets") or []) == 3]
@@ -102,7 +113,7 @@ def _run_row(run_dir: Path, config: dict, metrics: dict | None) -> dict:
 # ---------------------------------------------------------------- what a table must say above it
 
 # what must match for two results to be compared as equals: speed and numerics follow these
-COMPARABLE = ("cpu_class", "gpu", "torch", "transformers", "accelerate")
+COMPARABLE = ("cpu_class", "gpu", "torch", "transformers", "accelerate", "per_device")
 MIN_SEEDS = 3           # fewer runs per cell than this: a difference is not evidence
 
 
@@ -113,7 +124,8 @@ def comparable(env: dict) -> dict:
     gpu = env.get("gpu")
     return {"cpu_class": (env.get("cpu") or {}).get("cpu_class"),
             "gpu": gpu.get("name") if gpu else "none",
-            **{k: env.get(k) for k in ("torch", "transformers", "accelerate")}}
+            **{k: env.get(k) for k in ("torch", "transformers", "accelerate")},
+            "per_device": env.get("per_device") or 1}   # K points timed on one device at once
 
 
 def mixed_environments(runs: list[tuple[str, dict | None]], shown: int = 3) -> str | None:
@@ -188,13 +200,15 @@ def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
 
     Failed runs are rows with status "failed" (their metric columns are NaN). A folder without
     metrics.json is a row with status "missing" rather than skipped: a grid's missing seeds then
-    show up in the tables' counts instead of silently shrinking n. A corrupt JSON file raises a
-    ValueError naming the file: such a file is not something a finished run writes (the loop
-    writes metrics.json atomically), so it needs a look rather than a guess.
+    show up in the tables' counts instead of silently shrinking n. A damaged folder (a corrupt
+    or truncated config.json / metrics.json, a record no run writes) is skipped with one line on
+    stderr naming its file, and the others go on: such a file is not something a finished run
+    writes (the loop writes metrics.json atomically), so it needs a look rather than a guess,
+    but one damaged run does not stop a report.
     """
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = runs.run_folders(run_dirs)
-    df = pd.DataFrame([row for d in run_dirs for row in _run_rows(Path(d))])
+    df = pd.DataFrame([row for d in run_dirs for row in _rows_or_skip(Path(d))])
     for column in _BASE_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan

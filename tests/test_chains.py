@@ -1,0 +1,108 @@
+"""A chain stops at its first failure: a point that reads another point's output (SSA labels, an
+adapted model) whose source did not finish ok is blocked - a line, a failed record naming its
+source, exit 1 - serially and K at once; and reuse_labels_from without labels is an error, in
+the pre-flight (no such folder) and in the run (no labels for an epoch), never a probe."""
+import json
+
+import numpy as np
+import pytest
+
+from kit import batch
+from kit.cluster import grid, pool
+from kit.config.profiles import Profile
+from kit.config.run_config import ConfigError, RunConfig
+from kit.methods.epochs import build_epoch
+from kit.runs import read_metrics, run_dir_of
+from kit.train.preflight import preflight
+
+from tests.test_ssa import MASK, make_examples, never, settings
+
+POINT = {"task": "synthetic", "model": "tiny", "synthetic_size": 32, "epochs": 1}
+
+
+def chain(tmp_path) -> list[dict]:
+    """An ssa-h point, a bert point, and an ssa-co point replaying the ssa-h point's labels."""
+    first = {**POINT, "method": "ssa-h", "save_labels": True, "outputs_dir": str(tmp_path)}
+    source = run_dir_of(RunConfig.from_dict(first))
+    return [first, {**POINT, "method": "bert", "outputs_dir": str(tmp_path)},
+            {**POINT, "method": "ssa-co", "reuse_labels_from": str(source),
+             "outputs_dir": str(tmp_path)}]
+
+
+@pytest.mark.parametrize("per_device", [1, 2])
+@pytest.mark.parametrize("source", ["failed", "absent"])
+def test_a_failed_source_blocks_its_dependent_point(tmp_path, capsys, per_device, source):
+    points, ran = chain(tmp_path), []
+
+    def run(point, kernels):             # stand-ins: the source fails, the others end ok
+        ran.append(point["method"])
+        return ("failed", "NonFiniteLoss: ...") if point["method"] == "ssa-h" else ("ok", "")
+    absent = ({RunConfig.from_dict(points[0]).run_id: "RTE: not found"} if source == "absent"
+              else {})
+    work = pool.Batch(Profile("p", tmp_path / "p.yaml", None, points, False), points, absent, run)
+    assert pool.run_all(work, None, per_device=per_device, fresh=False, lock_wait_s=0)
+    assert sorted(ran) == sorted(["bert"] + (["ssa-h"] if source == "failed" else []))
+    why = {"failed": "failed", "absent": "is absent (task files missing)"}[source]
+    label = "task=synthetic method=ssa-h seed=0 model=tiny"
+    assert f"[3/3] task=synthetic method=ssa-co seed=0 model=tiny: blocked (source {label} {why}) " \
+        in capsys.readouterr().out
+    record = read_metrics(run_dir_of(RunConfig.from_dict(points[2])))
+    assert record["status"] == "failed" and record["error"] == f"blocked (source {label} {why})"
+    assert record["blocked_by"] == RunConfig.from_dict(points[0]).run_id
+    assert work.counts["blocked"] == 1 and grid.exit_status(work.counts, work.held) == 1
+    assert "1 blocked (a source failed)" in grid.summary(work.profile, work.counts, 0.0)
+
+
+def test_a_source_held_by_another_batch_holds_its_dependent_too(tmp_path):
+    points, ran = chain(tmp_path), []
+
+    def run(point, kernels):
+        ran.append(point["method"])
+        return ("held", "running in another batch") if point["method"] == "ssa-h" else ("ok", "")
+    work = pool.Batch(Profile("p", tmp_path / "p.yaml", None, points, False), points, {}, run)
+    assert pool.run_all(work, None, per_device=1, fresh=False, lock_wait_s=0)
+    assert ran == ["ssa-h", "bert"] and [i for i, _ in work.held] == [1, 3]
+    assert not run_dir_of(RunConfig.from_dict(points[2])).joinpath("metrics.json").exists()
+
+
+def test_reuse_labels_from_no_such_folder_is_refused_in_the_pre_flight(tmp_path):
+    points = chain(tmp_path)
+    profile = Profile("p", tmp_path / "p.yaml", None, points, False)
+    assert preflight(profile, points) == {}          # its source is a point of the grid
+    lone = [{**points[2], "reuse_labels_from": "/no/such/run"}]
+    with pytest.raises(ConfigError) as err:
+        preflight(profile, lone)
+    assert str(err.value) == (f"{tmp_path / 'p.yaml'}: reuse_labels_from: /no/such/run: no such "
+                              "run folder, and no point of this grid is that run")
+
+
+@pytest.mark.parametrize("record, why", [
+    (None, "that run's status is unknown (no metrics.json)"),
+    ({"status": "failed"}, "that run's status is failed"),
+    ({"status": "ok"}, "that run saved no labels for it (save_labels: true, and as many epochs "
+                       "as this run)")])
+def test_reuse_labels_from_a_run_without_labels_is_an_error_never_a_probe(tmp_path, record, why):
+    if record is not None:
+        (tmp_path / "metrics.json").write_text(json.dumps(record))
+    train = make_examples(20, np.random.default_rng(0), cue_every=2)
+    with pytest.raises(ConfigError) as err:
+        build_epoch(train, settings(method="ssa-co", reuse_labels_from=str(tmp_path)), 1, never,
+                    False, MASK)
+    assert str(err.value) == (f"reuse_labels_from: {tmp_path} has no saved SSA labels for epoch 1 "
+                              f"({why}); this run would otherwise probe its own labels, another "
+                              "experiment than asked")
+
+
+def test_a_batch_with_a_failed_source_says_blocked_and_exits_1(tmp_path, monkeypatch, capsys):
+    """Through kit.batch: the summary counts the blocked point, exit 1 (the points stand-ins)."""
+    points = chain(tmp_path)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(json.dumps({"report": False, "grid": [
+        {k: v for k, v in p.items() if k != "outputs_dir"} for p in points]}))
+    outcomes = {"ssa-h": ("failed", "NonFiniteLoss: ..."), "bert": ("ok", "")}
+    monkeypatch.setattr(batch, "execute", lambda prof, point, *a: outcomes[point["method"]])
+    monkeypatch.setattr(batch.profile_outputs, "write", lambda *a, **k: None)
+    assert batch.main([str(profile), "--outputs", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ": blocked (source task=synthetic method=ssa-h seed=0 model=tiny failed) " in out
+    assert "1 ok, 0 skipped, 1 failed, 1 blocked (a source failed), 0 absent" in out
