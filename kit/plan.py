@@ -22,11 +22,12 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from kit.cluster import costs
 from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
-from kit.config.paths import outputs_root
+from kit.config.paths import outputs_root, project_path
 from kit.config.profiles import Profile, load_profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data import hub
@@ -66,11 +67,16 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
     from kit.train.speed_probe import model_probe
     probe = probe or model_probe
     threads = max(1, cpu_threads() // per_device)
-    tokenizers, tok_bytes, probes, points = {}, {}, {}, []
+    tokenizers, tok_bytes, probes, points, adapted = {}, {}, {}, [], {}
     for point in profile.points:
         cfg = RunConfig.from_dict(point)
+        if cfg.adapted_dir:            # a later point fine-tunes what this one writes
+            adapted[project_path(cfg.adapted_dir)] = adapted.get(project_path(cfg.model), cfg.model)
+        # a model an earlier point writes is not there yet: its shapes are its source model's
+        run_id = cfg.run_id
+        cfg = replace(cfg, model=adapted.get(project_path(cfg.model), cfg.model))
         if (why := costs.plannable_kind(cfg)) is not None:
-            points.append({"run_id": cfg.run_id, "label": _label(cfg), "not_planned": why})
+            points.append({"run_id": run_id, "label": _label(cfg), "not_planned": why})
             continue
         if cfg.model not in tokenizers:
             tokenizers[cfg.model] = tokenizer_of(cfg.model)
@@ -83,7 +89,8 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
             probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
                                 freeze_layers=cfg.freeze_layers, precision=cfg.mixed_precision,
                                 budget_s=budget_s, threads=threads)
-        points.append(_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]))
+        points.append({**_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]),
+                       "run_id": run_id})
     planned = [p for p in points if "seconds" in p]
     total = _total(planned, per_device, profile.path)
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
