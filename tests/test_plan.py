@@ -205,3 +205,23 @@ def test_the_batch_refuses_a_grid_the_disk_cannot_hold(monkeypatch, tmp_path):
         err.value)
     finished = set(ids(points))
     costs.check_disk(points, finished, tmp_path)             # nothing to go: nothing needed
+
+
+def test_a_batch_of_part_of_a_profile_counts_for_the_whole(tmp_path, batch_kernel, capsys):
+    """--only task=synthetic trains that task's points alone; the whole profile's tables (its
+    runs list) count them, under the same run ids."""
+    import csv
+    from kit import batch
+    profile = tmp_path / "two.yaml"
+    profile.write_text(yaml.safe_dump({"report": False, "grid": {
+        "task": ["synthetic", "synthetic-pair"], "method": ["bert", "ssa-h"], "model": "tiny",
+        "synthetic_size": 64, "epochs": 1, "lr": 5.0e-3, "save_checkpoints": False}}))
+    outputs = tmp_path / "out"
+    assert batch.main([str(profile), "--only", "task=synthetic", "--outputs", str(outputs)]) == 0
+    assert "profile two: 2 runs, data checked in" in capsys.readouterr().out
+    part = ids(load_profile(str(profile), str(outputs), ["task=synthetic"]).points)
+    assert sorted(d.name for d in (outputs / "runs").iterdir()) == sorted(part)
+    assert batch.report_only(str(profile), str(outputs)) == 0       # the whole profile's
+    with open(outputs / "tables" / "two-runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["run_id"] for r in rows if r["status"] == "ok") == sorted(part)
