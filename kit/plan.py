@@ -147,6 +147,7 @@ def _total(points: list[dict], per_device: int, start_s: float) -> dict:
     # while K points run, each may hold its peak; the finished ones keep what they keep
     peak = kept + sum(sorted((p["disk_peak_bytes"] for p in points), reverse=True)[:per_device])
     return {"runs": len(points), "seconds": round(seconds / per_device + start_s, 1),
+            "device_hours": round((seconds + start_s) / 3600, 2),
             "start_s": round(start_s, 1),
             "steps": sum(p["steps"] for p in points),
             "memory_bytes": max((p["memory_bytes"] for p in points), default=0) * per_device,
@@ -233,7 +234,8 @@ def render(result: dict, outputs: Path) -> str:
     free = shutil.disk_usage(_existing(outputs)).free
     counted = sorted({f"{p['label'].split()[0]}: {p['rows_from']}, {p['data']}"
                       for p in result["points"] if "rows_from" in p})
-    rows += [f"total: {t['runs']} run(s), {t['steps']} steps, {duration(t['seconds'])}, peak "
+    rows += [f"total: {t['runs']} run(s), {t['steps']} steps, {duration(t['seconds'])} "
+             f"({t['device_hours']:.2f} device-hours), peak "
              f"memory {size(t['memory_bytes'])}; disk kept {size(t['disk_kept_bytes'])}, needed "
              f"{size(t['disk_needed_bytes'])} with the runs in flight (free in {outputs}: "
              f"{size(free)})",

@@ -177,7 +177,7 @@ def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("plan of smoke: 2 point(s) on ") and "class" in out[0]
     assert out[2].split()[:6] == ["synthetic", "bert", "s0", "200", "2", "32"]
-    assert out[4].startswith("total: 2 run(s), 28 steps, ")
+    assert out[4].startswith("total: 2 run(s), 28 steps, ") and "device-hours), peak" in out[4]
     assert out[5].startswith("slurm: --time 00:1") and "x1.5 + 10 min" in out[5]
 
 
