@@ -1,5 +1,7 @@
 """The plan's prediction against the measured wall time of the same profile on this machine:
-`./run_all.sh plan PROFILE --json`, then the profile itself into a fresh outputs folder, timed.
+`./run_all.sh plan PROFILE --json`, then `./run_all.sh PROFILE` into a fresh outputs folder,
+timed (both through run_all.sh, as a user runs them: its environment, OMP_WAIT_POLICY=PASSIVE
+included; VENV=... as for run_all.sh).
 
     python bench/plan_wall.py [PROFILE] [--only KEY=V1,V2 ...]     (default: demo)
 
@@ -24,12 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     only = [f"--only={o}" for o in args.only]
     with tempfile.TemporaryDirectory() as outputs:
-        planned = subprocess.run([sys.executable, "-m", "kit.plan", args.profile, *only, "--json",
-                                  "--outputs", outputs], cwd=REPO, check=True,
+        planned = subprocess.run(["bash", str(REPO / "run_all.sh"), "plan", args.profile, *only,
+                                  "--json", "--outputs", outputs], cwd=REPO, check=True,
                                  capture_output=True, text=True)
         plan = json.loads(planned.stdout)
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "kit.batch", args.profile, *only,
+        done = subprocess.run(["bash", str(REPO / "run_all.sh"), args.profile, *only,
                                "--outputs", outputs], cwd=REPO)
         measured = time.perf_counter() - started
     predicted = plan["total"]["seconds"]

@@ -10,8 +10,10 @@ profile's own models at those lengths on this device (kit.train.speed_probe.mode
 from the model's config with random weights: only its config and tokenizer are needed, from the
 Hugging Face cache offline): ~BUDGET s for each distinct model x length class x batch. A point's
 time = its training batches x the probe's s/step + its evaluated rows (dev each epoch, test,
-SSA's probing) x the probe's s/row + building the model and tokenizing its rows. --per-device K:
-K points at once, each probed with cores / K threads (CPU); the total divides by K.
+SSA's probing) x the probe's s/row + building the model and tokenizing its rows; a batch (and
+each slurm task) adds its kernel's start, timed as this process's own start-up and imports.
+--per-device K: K points at once, each probed with cores / K threads (CPU); the total divides
+by K.
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ import os
 import shutil
 import sys
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from kit.cluster import costs
 from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
-from kit.config.paths import outputs_root
+from kit.config.paths import outputs_root, project_path
 from kit.config.profiles import Profile, load_profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data import hub
@@ -60,18 +64,27 @@ def saved_bytes(tokenizer) -> int:
         return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
-def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None) -> dict:
-    """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`."""
+def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None,
+         start_s: float | None = None) -> dict:
+    """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`.
+    `start_s`: a kernel's start (default: this process's, `started_s`)."""
     from kit.train.accel import cpu_threads, machine_device, planned_steps, resolve_cuda_graphs
     from kit.train.speed_probe import model_probe
+    import kit.train.finetune  # noqa: F401 (what a kernel imports before its first point)
+    start_s = started_s() if start_s is None else start_s
     probe = probe or model_probe
     device = machine_device()
     threads = max(1, cpu_threads() // per_device)
-    tokenizers, tok_bytes, probes, points = {}, {}, {}, []
+    tokenizers, tok_bytes, probes, points, adapted = {}, {}, {}, [], {}
     for point in profile.points:
         cfg = RunConfig.from_dict(point)
+        if cfg.adapted_dir:            # a later point fine-tunes what this one writes
+            adapted[project_path(cfg.adapted_dir)] = adapted.get(project_path(cfg.model), cfg.model)
+        # a model an earlier point writes is not there yet: its shapes are its source model's
+        run_id = cfg.run_id
+        cfg = replace(cfg, model=adapted.get(project_path(cfg.model), cfg.model))
         if (why := costs.plannable_kind(cfg)) is not None:
-            points.append({"run_id": cfg.run_id, "label": _label(cfg), "not_planned": why})
+            points.append({"run_id": run_id, "label": _label(cfg), "not_planned": why})
             continue
         if cfg.model not in tokenizers:
             tokenizers[cfg.model] = tokenizer_of(cfg.model)
@@ -88,14 +101,22 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
             probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
                                 freeze_layers=cfg.freeze_layers, precision=cfg.mixed_precision,
                                 budget_s=budget_s, threads=threads, graphs=graphs)
-        points.append(_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]))
+        points.append({**_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]),
+                       "run_id": run_id})
     planned = [p for p in points if "seconds" in p]
-    total = _total(planned, per_device, profile.path)
+    total = _total(planned, per_device, start_s)
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
             "device": _device(probes), "points": points,
             "probes": [{"model": k[0], "rows": k[2], "length": k[1], **{
                 n: v for n, v in p.items()}} for k, p in probes.items()],
-            "total": total, "slurm": slurm_request(planned, total, probes)}
+            "total": total, "slurm": slurm_request(planned, probes, start_s)}
+
+
+def started_s() -> float:
+    """Seconds since this process started: its interpreter and imports (torch, transformers,
+    the kit's training code), what a batch's notebook kernel pays before its first point."""
+    import psutil
+    return max(0.0, time.time() - psutil.Process().create_time())
 
 
 def _label(cfg: RunConfig) -> str:
@@ -127,12 +148,14 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
             "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": probe.get("graphs", False)}
 
 
-def _total(points: list[dict], per_device: int, path: Path) -> dict:
+def _total(points: list[dict], per_device: int, start_s: float) -> dict:
     seconds = sum(p["seconds"] for p in points)
     kept = sum(p["disk_kept_bytes"] for p in points)
     # while K points run, each may hold its peak; the finished ones keep what they keep
     peak = kept + sum(sorted((p["disk_peak_bytes"] for p in points), reverse=True)[:per_device])
-    return {"runs": len(points), "seconds": round(seconds / per_device, 1),
+    return {"runs": len(points), "seconds": round(seconds / per_device + start_s, 1),
+            "device_hours": round((seconds + start_s) / 3600, 2),
+            "start_s": round(start_s, 1),
             "steps": sum(p["steps"] for p in points),
             "memory_bytes": max((p["memory_bytes"] for p in points), default=0) * per_device,
             "disk_kept_bytes": kept, "disk_needed_bytes": peak}
@@ -150,14 +173,15 @@ def _device(probes: dict) -> str:
             f"({precision})")
 
 
-def slurm_request(points: list[dict], total: dict, probes: dict) -> dict:
+def slurm_request(points: list[dict], probes: dict, start_s: float = 0.0) -> dict:
     """What `./run_all.sh slurm` asks for: the array's default tasks (one per point here, at
     most kit.slurm.DEFAULT_TASKS_CAP), each running its points one after another; --time the
     longest task's predicted seconds x MARGIN + MARGIN_MIN_S; --mem the probes' peak memory
     (CPU) or host memory for the weights and data (GPU) with the same margin; a GPU a task
     where the probes ran on one."""
     tasks = max(1, min(len(points), DEFAULT_TASKS_CAP))
-    longest = max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)), default=0.0)
+    longest = start_s + max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)),
+                            default=0.0)
     seconds = math.ceil(longest * MARGIN + MARGIN_MIN_S)
     gpu = any(p["device"].startswith("cuda") for p in probes.values())
     memory = max((p["model_bytes"] * 4 if gpu else p["peak_memory_bytes"]
@@ -173,7 +197,8 @@ def task_time(result: dict, groups: list[list[str]]) -> tuple[str, float]:
     one after another (a point the plan could not time counts as its profile's slowest)."""
     seconds = {p["run_id"]: p["seconds"] for p in result["points"] if "seconds" in p}
     slowest = max(seconds.values(), default=0.0)
-    longest = max((sum(seconds.get(r, slowest) for r in g) for g in groups), default=0.0)
+    longest = result["total"]["start_s"] + max(
+        (sum(seconds.get(r, slowest) for r in g) for g in groups), default=0.0)
     return hms(longest * MARGIN + MARGIN_MIN_S), longest
 
 
@@ -216,7 +241,8 @@ def render(result: dict, outputs: Path) -> str:
     free = shutil.disk_usage(_existing(outputs)).free
     counted = sorted({f"{p['label'].split()[0]}: {p['rows_from']}, {p['data']}"
                       for p in result["points"] if "rows_from" in p})
-    rows += [f"total: {t['runs']} run(s), {t['steps']} steps, {duration(t['seconds'])}, peak "
+    rows += [f"total: {t['runs']} run(s), {t['steps']} steps, {duration(t['seconds'])} "
+             f"({t['device_hours']:.2f} device-hours), peak "
              f"memory {size(t['memory_bytes'])}; disk kept {size(t['disk_kept_bytes'])}, needed "
              f"{size(t['disk_needed_bytes'])} with the runs in flight (free in {outputs}: "
              f"{size(free)})",

@@ -30,6 +30,8 @@ from kit.config.grids import chains, frozen
 from kit.config.paths import outputs_root
 from kit.config.profiles import load_profile, profile_path
 from kit.config.run_config import ConfigError, RunConfig
+from kit.data.readers import DataError
+from kit.models.backbones import ModelError
 
 
 
@@ -141,29 +143,35 @@ def _joined(argv: list[str]) -> list[str]:
     return out
 
 
-def array_of(argv: list[str] | None) -> tuple[Array, str, bool]:
-    """The options checked (one-line ConfigError) into an Array, the frozen grid's text and
-    --dry-run, before anything is written."""
+def array_of(argv: list[str] | None) -> tuple[Array, str, bool, str]:
+    """The options checked (one-line ConfigError) into an Array, the frozen grid's text,
+    --dry-run and the line saying where --time came from ("" when given), before anything is
+    written."""
     args = parser().parse_args(_joined(sys.argv[1:] if argv is None else argv))
     outputs = Path(args.outputs).resolve()
     profile = load_profile(args.profile, str(outputs), args.only)
     check(args, len(profile.points), len(chains(profile.points)))
+    extra = [sbatch_line(line) for line in args.sbatch]
+    said = ""
     if args.time is None:
-        args.time = planned_time(profile, args)
+        args.time, said = planned_time(profile, args)
     text, digest = frozen(profile)
     grid = outputs / "slurm" / f"grid-{digest}" / profile_path(args.profile).name
-    extra = [sbatch_line(line) for line in args.sbatch]
     return Array(str(grid), profile.name, args.array, outputs, args.time, args.partition,
                  args.gpus_per_task, args.cpus_per_task, args.processes, args.signal_grace,
                  extra, max_parallel=args.max_parallel, nodes=args.nodes,
-                 max_requeues=args.max_requeues), text, args.dry_run
+                 max_requeues=args.max_requeues), text, args.dry_run, said
 
 
-def planned_time(profile, args: argparse.Namespace) -> str:
-    """--time from the plan of this grid on this machine (kit.plan), said in one line; refused
-    where the tasks ask for GPUs this machine lacks (its plan would time the wrong device)."""
+def planned_time(profile, args: argparse.Namespace) -> tuple[str, str]:
+    """--time from the plan of this grid on this machine (kit.plan) and the line that says so;
+    refused where the tasks ask for GPUs this machine lacks (its plan would time the wrong
+    device) or where the plan cannot be made (a model not cached offline ...)."""
     from kit import plan
-    result = plan.plan(profile, budget_s=1.0)
+    try:
+        result = plan.plan(profile, budget_s=1.0)
+    except (ModelError, DataError) as err:
+        raise ConfigError(f"no --time given and no plan to take it from ({err})") from None
     tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
     groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
     gpu = result["slurm"]["gpus_per_task"] > 0
@@ -172,10 +180,9 @@ def planned_time(profile, args: argparse.Namespace) -> str:
                           f"would time this machine's {result['device']}, not the GPU nodes; "
                           f"run ./run_all.sh plan {profile.name} on a GPU node and pass its --time")
     time, longest = plan.task_time(result, groups)
-    print(f"--time {time}: from ./run_all.sh plan (the longest of {args.array} task(s) predicted "
-          f"{plan.duration(longest)} on {result['device']}, {plan.MARGIN_TEXT}); --time T "
-          "overrides it", file=sys.stderr)
-    return time
+    return time, (f"--time {time}: from ./run_all.sh plan (the longest of {args.array} task(s) "
+                  f"predicted {plan.duration(longest)} on {result['device']}, "
+                  f"{plan.MARGIN_TEXT}); --time T overrides it")
 
 
 # ---------------------------------------------------------------- submit
@@ -194,7 +201,7 @@ def submit(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        array, grid, dry_run = array_of(argv)
+        array, grid, dry_run, said = array_of(argv)
         text = script(array)
         # the frozen grid, named by its content: an edited profile submitted again gets a
         # grid of its own, and tasks still queued keep theirs; its folder holds the logs
@@ -202,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             kio.write_text(array.profile, grid)
         kio.write_text(array.script_path, text)
         if dry_run:
-            print(text + f"# (dry run: nothing submitted; sbatch {array.script_path} submits it)")
+            print(text + f"# (dry run: nothing submitted; sbatch {array.script_path} submits it)"
+                  + (f"\n# {said}" if said else ""))
             return 0
         job = submit(array.script_path)
     except (ConfigError, OSError) as err:
@@ -211,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     logs = str(array.log_pattern).replace("%A", job).replace("%j", job).replace("%a", "*")
     shape = f"job {job}: {array.nodes} nodes" if array.nodes > 1 else \
         f"job array {job}: {array.tasks} task(s)"
+    if said:
+        print(said)
     print(f"submitted {shape} of profile {array.name}; logs {logs}; watch: squeue -j {job}")
     return 0
 

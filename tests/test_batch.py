@@ -90,6 +90,9 @@ def test_shards_partition_the_grid():
 
 def test_missing_local_task_files_are_reported(tmp_path):
     cfg = RunConfig(task="MRPC", glue_dir=str(tmp_path))
+    assert batch.missing_task_files(cfg).startswith(             # nowhere, offline
+        "MRPC: in no glue_dir / GLUE_DIR nor the project's data/glue, and the hub is unreachable")
+    (tmp_path / "MRPC").mkdir()                                    # part of it: its files named
     assert "MRPC/train.tsv not found" in batch.missing_task_files(cfg)
     assert batch.missing_task_files(RunConfig(task="synthetic")) is None
 

@@ -94,7 +94,7 @@ def test_report_sections_and_keys(machine, monkeypatch, tmp_path):
     assert data["glue (the project's copy)"] == (f"CoLA, SST-2, STS-B, RTE, WNLI in "
                                                  f"{REPO / 'data' / 'glue'}")
     assert data["glue missing"] == ("MRPC (hub only); QQP (hub only); MNLI (hub only); "
-                                    "QNLI (no train.tsv)")
+                                    "QNLI (hub only)")
     assert data["embedded model"].startswith("found — ")
     assert data["offline"] == "yes — HF_HUB_OFFLINE=1 is set: local models and data only"
     assert sections["software"] == {"torch": "9.9",
@@ -120,8 +120,10 @@ def test_glue_dir_is_searched_first(monkeypatch, tmp_path):
         (tmp_path / "RTE" / f"{split}.tsv").write_text("index\n")
     monkeypatch.setenv("GLUE_DIR", str(tmp_path))
     lines = doctor.glue_lines()
-    assert lines["glue (GLUE_DIR)"] == f"RTE in {tmp_path}"
-    assert lines["glue missing"].startswith("CoLA (no train.tsv, dev.tsv); ")
+    assert lines["glue (GLUE_DIR)"] == f"RTE in {tmp_path}"      # per task: the rest from
+    assert lines["glue (the project's copy)"].startswith("CoLA, SST-2, STS-B")   # data/glue
+    assert lines["glue missing"] == ("MRPC (hub only); QQP (hub only); MNLI (hub only); "
+                                     "QNLI (hub only)")
     monkeypatch.setenv("GLUE_DIR", str(tmp_path / "absent"))
     assert doctor.glue_lines()["glue"].startswith(f"error — GLUE_DIR={tmp_path / 'absent'}: ")
 

@@ -23,7 +23,7 @@ def test_help_lists_each_subcommand_once_and_points_further(flag, tmp_path):
                           env={"PATH": "/usr/bin:/bin", "VENV": str(tmp_path / "absent")})
     assert done.returncode == 0 and done.stderr == ""
     listed = re.findall(r"^  (\(nothing\)|\w+)\s", done.stdout, re.M)
-    assert dispatched() == {"test", "run", "doctor", "slurm", "report"}
+    assert dispatched() == {"test", "run", "doctor", "slurm", "report", "plan", "fetch", "setup"}
     assert sorted(listed) == sorted(["(nothing)", "PROFILE", *dispatched()])
     assert "python -m kit.batch --help" in done.stdout
     assert "python -m kit.run --help" in done.stdout

@@ -145,7 +145,7 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
         "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
     monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
     profile = load_profile("paper-base", only=["task=RTE,MRPC", "seed=0", "method=bert,ssa-h"])
-    result = plan.plan(profile, probe=fake_probe)
+    result = plan.plan(profile, probe=fake_probe, start_s=5.0)
     by = {p["label"]: p for p in result["points"]}
     assert list(by) == ["MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
     rte, mrpc = by["RTE bert s0"], by["MRPC bert s0"]
@@ -162,10 +162,12 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
                                            abs=0.15)
     assert not rte["keeps_checkpoint"] and rte["disk_kept_bytes"] < 200_000   # predictions only
     assert result["total"]["runs"] == 4
-    assert result["total"]["seconds"] == pytest.approx(sum(p["seconds"] for p in result["points"]))
+    assert result["total"]["seconds"] == pytest.approx(
+        5.0 + sum(p["seconds"] for p in result["points"]))
     assert result["slurm"]["gpus_per_task"] == 0 and result["slurm"]["tasks"] == 4
     longest = max(p["seconds"] for p in result["points"])
-    assert result["slurm"]["time_s"] == int(-(-(longest * plan.MARGIN + plan.MARGIN_MIN_S) // 1))
+    assert result["slurm"]["time_s"] == int(-(-((5.0 + longest) * plan.MARGIN
+                                                + plan.MARGIN_MIN_S) // 1))
     json.dumps(result)                                        # --json prints it
 
 
@@ -175,7 +177,7 @@ def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("plan of smoke: 2 point(s) on ") and "class" in out[0]
     assert out[2].split()[:6] == ["synthetic", "bert", "s0", "200", "2", "32"]
-    assert out[4].startswith("total: 2 run(s), 28 steps, ")
+    assert out[4].startswith("total: 2 run(s), 28 steps, ") and "device-hours), peak" in out[4]
     assert out[5].startswith("slurm: --time 00:1") and "x1.5 + 10 min" in out[5]
 
 
@@ -227,3 +229,23 @@ def test_on_a_gpu_the_plan_probes_the_graphs_its_long_points_will_take(monkeypat
     assert (sst2["steps"], sst2["cuda_graphs"]) == (3 * 2105, True)          # 67,349 rows
     assert sst2["prepare_s"] >= 1.0 + 70.0 > rte["prepare_s"]    # build + compilation
     assert sorted(seen) == [False, True]
+
+
+def test_a_batch_of_part_of_a_profile_counts_for_the_whole(tmp_path, batch_kernel, capsys):
+    """--only task=synthetic trains that task's points alone; the whole profile's tables (its
+    runs list) count them, under the same run ids."""
+    import csv
+    from kit import batch
+    profile = tmp_path / "two.yaml"
+    profile.write_text(yaml.safe_dump({"report": False, "grid": {
+        "task": ["synthetic", "synthetic-pair"], "method": ["bert", "ssa-h"], "model": "tiny",
+        "synthetic_size": 64, "epochs": 1, "lr": 5.0e-3, "save_checkpoints": False}}))
+    outputs = tmp_path / "out"
+    assert batch.main([str(profile), "--only", "task=synthetic", "--outputs", str(outputs)]) == 0
+    assert "profile two: 2 runs, data checked in" in capsys.readouterr().out
+    part = ids(load_profile(str(profile), str(outputs), ["task=synthetic"]).points)
+    assert sorted(d.name for d in (outputs / "runs").iterdir()) == sorted(part)
+    assert batch.report_only(str(profile), str(outputs)) == 0       # the whole profile's
+    with open(outputs / "tables" / "two-runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["run_id"] for r in rows if r["status"] == "ok") == sorted(part)
