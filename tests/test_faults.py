@@ -429,7 +429,7 @@ def test_files_reach_the_disk_before_they_are_renamed_into_place(tmp_path, monke
     (tmp_path / "last.tmp" / "sub").mkdir(parents=True)
     (tmp_path / "last.tmp" / "model.safetensors").write_bytes(b"w")
     (tmp_path / "last.tmp" / "sub" / "x").write_bytes(b"x")
-    run_state._swap_in(None, tmp_path / "last")
+    kio.swap_in(tmp_path / "last.tmp", tmp_path / "last", tmp_path / "last.old")
     assert log == [("fsync", "x"), ("fsync", "sub"), ("fsync", "model.safetensors"),
                    ("fsync", "last.tmp"), ("rename", "last", "last.old"),
                    ("rename", "last.tmp", "last"), ("fsync", tmp_path.name)]

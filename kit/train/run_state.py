@@ -22,7 +22,6 @@ metrics.json, since the resumed run is no longer bit for bit the uninterrupted o
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -84,7 +83,8 @@ def save_checkpoints(accelerator, model, tokenizer, run_dir: Path, improved: boo
     The epoch's own examples are no longer needed once it is over."""
     folder = checkpoint_dir(run_dir)
     if improved and accelerator.is_main_process:
-        _swap_in(lambda tmp: save(model, tokenizer, tmp), folder / "best")
+        with kio.atomic_dir(folder / "best") as tmp:
+            save(model, tokenizer, tmp)
     save_last(accelerator, run_dir, progress)
     if accelerator.is_main_process:
         for old in folder.glob("epoch*"):
@@ -137,7 +137,8 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     if main:
         progress.written_on = khw.hardware(accelerator)
         kio.write_json(tmp / PROGRESS, asdict(progress))
-        _swap_in(None, checkpoint_dir(run_dir) / "last")
+        last = checkpoint_dir(run_dir) / "last"     # .old: what resume reads after a kill
+        kio.swap_in(tmp, last, last.with_name("last.old"))
     accelerator.wait_for_everyone()        # the other ranks may read the checkpoint next
 
 
@@ -160,7 +161,7 @@ def resume(accelerator, run_dir: Path, progress: Progress,
     if accelerator.is_main_process:
         clean_stale(run_dir)
     last = checkpoint_dir(run_dir) / "last"
-    # a kill between the two renames of _swap_in leaves only the previous copy, as .old
+    # a kill between the two renames of kio.swap_in leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
     if folder is None:
         return None
@@ -230,25 +231,6 @@ def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
     sets = [Examples(**arrays.read_arrays(folder / f"set{k}.npz")[0]) for k in range(meta["sets"])]
     return EpochWork(sets, [(int(t), rows.tolist()) for t, rows in zip(plan["task"], plan["rows"])],
                      meta["label_stats"])
-
-
-def _swap_in(write, folder: Path) -> None:
-    """Swap `folder.tmp` in as `folder` (after `write(tmp)` made it, if given), keeping the old
-    copy as `folder.old` until the new one is in place. The new files reach the disk before the
-    renames, and the renames before the old copy goes: after a crash the folder is the old
-    checkpoint or the new one, never a name over data that was still in memory."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    old = folder.with_name(folder.name + ".old")
-    if write is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        write(tmp)
-    kio.fsync_tree(tmp)
-    if folder.exists():                    # else .old may be the only complete copy
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(folder, old)
-    os.rename(tmp, folder)
-    kio.fsync(folder.parent, folder=True)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # what a killed run may leave in checkpoint/: half-written copies (`last.tmp`, `best.tmp`, and
