@@ -34,6 +34,7 @@ from kit import io as kio
 import kit.runs.arrays as arrays
 from kit.data.pipeline import Examples
 from kit.runs import checkpoint_dir, read_json, write_history
+from kit.train import accelerate_adapter
 from kit.train import checkpoint_hardware as khw
 from kit.train.checkpoint_hardware import CheckpointError
 
@@ -176,15 +177,12 @@ def resume(accelerator, run_dir: Path, progress: Progress,
         if "gpus" in here and "gpus" not in written:
             written = {**written, **khw.gpus_of_rng_file(folder, accelerator)}
         note = khw.compare(folder, written, here, other_hardware)
-        scaler = accelerator.scaler
-        if not (folder / "scaler.pt").exists():   # fp16 here, not there: a fresh loss scale
-            accelerator.scaler = None
         hook = (accelerator.register_load_state_pre_hook(_weights_of_any_wrapper(accelerator))
                 if written["processes"] != here["processes"] else None)
         try:
-            accelerator.load_state(str(folder))
+            with accelerate_adapter.scaler_set_aside(accelerator, folder):
+                accelerator.load_state(str(folder))
         finally:
-            accelerator.scaler = scaler
             if hook is not None:
                 hook.remove()
         progress.load(state)
@@ -213,7 +211,7 @@ def _weights_of_any_wrapper(accelerator):
 
     def hook(models: list, input_dir: str) -> None:
         for i, model in enumerate(models):
-            file = Path(input_dir) / (f"model_{i}.safetensors" if i else "model.safetensors")
+            file = accelerate_adapter.model_file(input_dir, i)
             target = accelerator.unwrap_model(model)
             with safe_open(str(file), "pt") as f:
                 if next(iter(f.keys()), "").startswith("module."):
