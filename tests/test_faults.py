@@ -22,7 +22,8 @@ from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
 from kit.train import accel, loop, run_state
 from kit.train import checkpoint_hardware as khw
 from kit.train import step as kstep
-from kit.train.finetune import CheckpointError, fit
+from kit.train.finetune import fit
+from kit.train.checkpoint_hardware import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(task="synthetic", model="tiny", method="bert", synthetic_size=96, lr=5e-3,

@@ -21,7 +21,8 @@ from kit.predict import as_frame, as_split, main, predict, logits_of, run_text_c
 from kit.data.readers import DataError, read_glue_split
 from kit.data.synthetic import generate
 from kit.config.tasks import get_task
-from kit.train.finetune import fit, run_dir_of
+from kit.train.finetune import fit
+from kit.runs import run_dir_of
 
 RUN = dict(model="tiny", epochs=1, lr=5e-3, batch_size=16, save_checkpoints=True)
 

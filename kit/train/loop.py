@@ -38,8 +38,8 @@ from kit.train.optim import (LinearSchedule, merged_groups, parameter_groups,
 from kit.config.paths import kit_commit
 from kit.train.provenance import environment
 from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
-from kit.train.window import LossWindow, NonFiniteLoss, check_finite, history_row  # noqa: F401
-from kit.train.job import Epoch, Job  # noqa: F401 (kit.train.loop.Job: what a job subclasses)
+from kit.train.window import LossWindow, check_finite, history_row
+from kit.train.job import Epoch, Job
 
 
 # ---------------------------------------------------------------- the loop

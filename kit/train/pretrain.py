@@ -24,6 +24,7 @@ from torch import nn
 
 from kit.data import hub
 from kit.train import loop, run_state
+from kit.train.job import Epoch, Job
 from kit import io as kio
 from kit.train import progress as kprogress
 from kit.train.accel import process_state
@@ -136,7 +137,7 @@ def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     return total, torch.tensor(len(target), device=logits.device)
 
 
-class Pretrain(loop.Job):
+class Pretrain(Job):
     """Masked-LM training on a task's text; dev metrics {mlm_loss, perplexity, score=-mlm_loss}
     of the held-out text; `adapted_dir` gets the best epoch's model after training."""
     # its masking reads the rows and the special-token mask (on the host, per step), and a row
@@ -174,12 +175,12 @@ class Pretrain(loop.Job):
     def begin(self, epoch: int, unwrapped) -> None:
         self.epoch_index = epoch                 # masks of this epoch's batches follow it
 
-    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
+    def epoch(self, epoch: int, probe, unwrapped) -> Epoch:
         cfg = self.cfg
         rng = np.random.default_rng([cfg.seed, epoch])
         batches = (length_grouped_batches(self.train.lengths, cfg.batch_size, rng)
                    if cfg.group_by_length else random_batches(len(self.train), cfg.batch_size, rng))
-        return loop.Epoch([self.train], [(0, rows) for rows in batches])
+        return Epoch([self.train], [(0, rows) for rows in batches])
 
     def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
         # masked on the CPU (transformers' collator), seeded by (seed, epoch, rows): a batch's
@@ -201,7 +202,7 @@ class Pretrain(loop.Job):
                             self.stop)
         return {"mlm_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "score": -loss}, {}, {}
 
-    def record(self, epoch: int, work: loop.Epoch, history: list, epoch_losses: list) -> dict:
+    def record(self, epoch: int, work: Epoch, history: list, epoch_losses: list) -> dict:
         # the mean of the epoch's logging windows: masking makes single windows noisy
         return {"train_loss": float(np.mean(epoch_losses[0]))}
 
