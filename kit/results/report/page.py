@@ -23,24 +23,19 @@ import functools
 import html
 import logging
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-# nbformat's validator would build rfc3987_syntax's grammars (3 s on a small CPU) for format
-# checks no notebook here needs: done without, as kit.cluster.kernels does for the batch
-sys.modules.setdefault("rfc3987_syntax", None)
+import jinja2
+import nbformat
 
-import jinja2  # noqa: E402
-import nbformat  # noqa: E402
-
-from kit import io as kio  # noqa: E402
-from kit import runs  # noqa: E402
-from kit.config.paths import PROJECT, outputs_root  # noqa: E402
-from kit.config.profiles import Profile, load_profile  # noqa: E402
-from kit.results.report import page_header  # noqa: E402
-from kit.results.views import token_html  # noqa: E402
-from kit.results.views.notebook_defaults import PROFILE_NOTEBOOKS  # noqa: E402
+from kit import io as kio
+from kit import runs
+from kit.config.paths import PROJECT, outputs_root
+from kit.config.profiles import Profile, load_profile
+from kit.results.report import page_header
+from kit.results.views import token_html
+from kit.results.views.notebook_defaults import PROFILE_NOTEBOOKS
 
 Execute = Callable[[Path, Path, dict], None]
 
