@@ -18,7 +18,6 @@ embert/gated; kaggle_csv for a k-fold CSV run; pretrain for method mlm).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import re
 import sys
@@ -141,32 +140,15 @@ def summary(status: str, detail: str, cfg: RunConfig) -> str:
 
 
 def help_text() -> str:
-    """Usage and every RunConfig field with its default, choices and comment, from config.py."""
-    comments = _field_comments()
+    """Usage and every RunConfig field with its default, choices and help (its field metadata)."""
     rows = []
     for f in dataclasses.fields(RunConfig):
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         extra = f"  one of: {', '.join(CHOICES[f.name])}" if f.name in CHOICES else ""
-        note = f"  # {comments[f.name]}" if comments.get(f.name) else ""
+        note = f"  # {f.metadata['help']}" if f.metadata.get("help") else ""
         rows.append(f"  {f.name} = {json.dumps(default)}{extra}{note}")
     doc = __doc__.strip().splitlines()
     return "\n".join([f"usage: {USAGE}", "", *doc, "", "fields (name = default):", *rows])
-
-
-def _field_comments() -> dict[str, str]:
-    """The trailing comment of each field in RunConfig's source (with its continuation lines)."""
-    comments, last = {}, None
-    for line in inspect.getsource(RunConfig).splitlines():
-        field = re.match(r"\s+(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line)
-        more = re.match(r"\s{8,}#\s*(.*)$", line)     # deeper than a section comment
-        if field:
-            last = field[1]
-            comments[last] = (field[2] or "").strip()
-        elif more and last and comments.get(last):
-            comments[last] += " " + more[1].strip()
-        else:
-            last = None if not line.strip() else last
-    return comments
 
 
 def main(argv: list[str] | None = None) -> int:
