@@ -9,7 +9,7 @@
     checkpoint/        best (kit.models.model_io's layout: plain transformers loads it) and last
                        (accelerate's save_state: model, optimizer, RNGs, loop progress; for
                        resuming); written and restored by kit.train.run_state
-    ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.npz
+    ssa_labels/        each SSA epoch's training set and label statistics, epoch<N>.safetensors
                        (save_labels: true; kit.runs.arrays' format, never a pickle: outputs/
                        may be shared; written by write_saved_labels, read by read_saved_labels)
     notebook.ipynb     written by kit.batch

@@ -100,8 +100,8 @@ def save_mid_epoch(accelerator, run_dir: Path, progress: Progress, work: EpochWo
     if accelerator.is_main_process and not folder.is_dir():
         with kio.atomic_dir(folder) as tmp:
             for k, examples in enumerate(work.sets):
-                arrays.write_arrays(tmp / f"set{k}.npz", vars(examples), {})
-            arrays.write_arrays(tmp / "plan.npz",
+                arrays.write_arrays(tmp / f"set{k}.safetensors", vars(examples), {})
+            arrays.write_arrays(tmp / "plan.safetensors",
                              {"task": np.array([t for t, _ in work.plan], dtype=np.int64),
                               "rows": [np.asarray(r, dtype=np.int64) for _, r in work.plan]},
                              {"epoch": epoch, "sets": len(work.sets),
@@ -225,8 +225,9 @@ def _weights_of_any_wrapper(accelerator):
 def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
     """The examples and plan `save_mid_epoch` kept of `epoch`."""
     folder = epoch_dir(run_dir, epoch)
-    plan, meta = arrays.read_arrays(folder / "plan.npz")
-    sets = [Examples(**arrays.read_arrays(folder / f"set{k}.npz")[0]) for k in range(meta["sets"])]
+    plan, meta = arrays.read_arrays(folder / "plan.safetensors")
+    sets = [Examples(**arrays.read_arrays(folder / f"set{k}.safetensors")[0])
+            for k in range(meta["sets"])]
     return EpochWork(sets, [(int(t), rows.tolist()) for t, rows in zip(plan["task"], plan["rows"])],
                      meta["label_stats"])
 
