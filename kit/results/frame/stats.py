@@ -68,7 +68,7 @@ def permutation_test(a, b) -> float:
         return 1.0
     return float(stats.permutation_test((a, b), _mean_gap, permutation_type="independent",
                                         vectorized=True, n_resamples=MAX_PERMUTATIONS,
-                                        alternative="greater", rng=0).pvalue)
+                                        alternative="greater", random_state=0).pvalue)
 
 
 SIGNIFICANCE_TESTS = {"welch": welch_test, "permutation": permutation_test}
