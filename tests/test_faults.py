@@ -19,7 +19,7 @@ import torch
 from kit import io as kio
 from kit.config.run_config import RunConfig
 from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
-from kit.train import accel, loop, run_state
+from kit.train import accel, loop
 from kit.train import checkpoint_hardware as khw
 from kit.train import step as kstep
 from kit.train.finetune import fit
