@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from kit.batch import point_label  # noqa: E402
+from kit.config.grids import point_label
 
 
 def main() -> None:

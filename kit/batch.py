@@ -37,16 +37,16 @@ import time
 from kit.cluster import costs, grid, pool
 from kit.cluster.grid import resume_first
 from kit.cluster.kernels import Kernels, prepare_kernels
-from kit.cluster.point import NOTEBOOK_FAILED, execute, failure_reason  # noqa: F401 (kit.run)
-from kit.cluster.signals import DEFAULT_GRACE_S, forwarding_signals  # (kit.run uses it)
-from kit.config.grids import point_label, shard_points  # noqa: F401 (bench/profile_wall.py)
+from kit.cluster.point import execute, failure_reason
+from kit.cluster.signals import DEFAULT_GRACE_S, forwarding_signals
+from kit.config.grids import shard_points
 from kit.config.paths import outputs_root
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import sources_line
 from kit.models.backbones import ModelError
 from kit.results.report import profile_outputs
-from kit.train.preflight import missing_task_files, preflight  # noqa: F401 (re-exported)
-from kit.config.profiles import REPO, Profile, load_profile, profile_path, shard  # noqa: F401 (re-exported)
+from kit.train.preflight import preflight
+from kit.config.profiles import Profile, load_profile
 from kit.data.readers import DataError
 
 LOCK_WAIT_S = 600       # a batch waits at its end for points another holds

@@ -112,14 +112,24 @@ def atomic_dir(path: str | Path):
     old = tmp.with_suffix(".old")
     try:
         yield tmp
-        fsync_tree(tmp)
-        if path.exists():
-            os.rename(path, old)
-        os.rename(tmp, path)
-        fsync(path.parent, folder=True)
+        swap_in(tmp, path, old)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def swap_in(tmp: Path, path: Path, old: Path) -> None:
+    """Replace `path` by the filled folder `tmp`, keeping the previous copy as `old` until the
+    new one is in place. The new files reach the disk before the renames, and the renames
+    before the old copy goes: after a crash `path` is the old folder or the new one (or, between
+    the renames, only `old` is whole), never a name over data that was still in memory."""
+    fsync_tree(tmp)
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+    os.rename(tmp, path)
+    fsync(path.parent, folder=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- a folder's files, set aside

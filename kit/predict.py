@@ -22,12 +22,12 @@ import torch
 from kit import io as kio
 from kit import runs
 from kit.models.backbones import ModelError
-from kit.data.pipeline import encode, sorted_batches
-from kit.data.tensors import collate
+from kit.data.pipeline import encode
 from kit.models.model_io import SPEC
 from kit.methods.bert import SequenceModel, load_trained
 from kit.data.readers import DataError
 from kit.config.tasks import Split, get_task
+from kit.train.step import predict_logits
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -73,22 +73,12 @@ def as_split(texts_or_pairs, pair: bool) -> Split:
     return Split(text_a, text_b, None, [str(i) for i in range(len(rows))], "kit.predict input")
 
 
-@torch.inference_mode()
-def predict_logits(model: SequenceModel, tokenizer, split: Split,
-                   batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
-    """Logits [rows, num_labels] in row order: longest batches first, each padded to its own
-    longest row, on the model's device, in eval mode."""
-    regression = model.spec.num_labels == 1
-    examples = encode(tokenizer, split, model.spec.max_length, regression)
-    device = next(model.parameters()).device
-    model.eval()
-    logits = np.empty((len(examples), model.spec.num_labels), dtype=np.float32)
-    for idx in sorted_batches(examples.lengths, batch_size):
-        batch = {k: v.to(device) for k, v in collate(examples, idx, tokenizer.pad_token_id).items()}
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    special_mask=batch["special_mask"], token_type_ids=batch.get("token_type_ids"))
-        logits[idx] = out["logits"].float().cpu().numpy()
-    return logits
+def logits_of(model: SequenceModel, tokenizer, split: Split,
+              batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
+    """Logits [rows, num_labels] in row order: the split encoded as the run encoded its dev
+    set, through the kit's inference pass (kit.train.step.predict_logits) on the model's device."""
+    examples = encode(tokenizer, split, model.spec.max_length, model.spec.num_labels == 1)
+    return predict_logits(model, examples, batch_size, tokenizer.pad_token_id)
 
 
 def as_frame(logits: np.ndarray, labels: list[str] | None) -> pd.DataFrame:
@@ -113,7 +103,7 @@ def predict(run_dir: str | Path, texts_or_pairs, batch_size: int = DEFAULT_BATCH
     split = as_split(texts_or_pairs, pair=len(run_text_columns(run_dir)) == 2)
     model, tokenizer = load_trained(folder)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return as_frame(predict_logits(model, tokenizer, split, batch_size), model.spec.labels)
+    return as_frame(logits_of(model, tokenizer, split, batch_size), model.spec.labels)
 
 
 def read_input(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:

@@ -8,7 +8,7 @@ Any RunConfig field, as `name=value`, `--name value` or `--name=value` (dashes o
 Values are YAML scalars (1e-4, true, 3) for number and yes/no fields, verbatim text for text
 fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (`tasks=RTE,CoLA`,
 `tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
-line on error, exit 2), then run by kit.batch.execute: a finished run is reused (one line says
+line on error, exit 2), then run by kit.cluster.point.execute: a finished run is reused (one line says
 when and at which commit it was trained) unless `rerun=true` (`--rerun`) trains it again, its
 old results kept until the new run ends ok (kit.runs.frame's rerun protocol: they come back if
 it fails; a stopped rerun says where they wait); a failed run is recorded in its metrics.json
@@ -18,7 +18,6 @@ embert/gated; kaggle_csv for a k-fold CSV run; pretrain for method mlm).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import re
 import sys
@@ -26,7 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from kit import batch
+from kit.cluster.kernels import prepare_kernels
+from kit.cluster.point import NOTEBOOK_FAILED, execute
+from kit.cluster.signals import forwarding_signals
 from kit import runs
 from kit.models.backbones import ModelError
 from kit.config.paths import kit_commit, outputs_root
@@ -37,6 +38,7 @@ from kit.data.readers import DataError
 from kit.results.views.views import best_epoch_line
 from kit.runs import finished_metrics, run_dir_of
 from kit.train.preemption import PREEMPTED_EXIT
+from kit.train.preflight import preflight
 from kit.train.progress import reuse_line
 
 USAGE = "python -m kit.run name=value ... | --name value ... [--notebook NAME]"
@@ -117,10 +119,10 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
                       skip_missing_tasks=False)
     if finished_metrics(cfg) is not None and not cfg.rerun:   # before the data check: at once
         return "skipped", "finished earlier", cfg
-    batch.preflight(profile, [params])
-    batch.prepare_kernels()
-    with batch.forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
-        status, detail = batch.execute(profile, params)
+    preflight(profile, [params])
+    prepare_kernels()
+    with forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
+        status, detail = execute(profile, params)
     return status, detail, cfg
 
 
@@ -129,7 +131,7 @@ def summary(status: str, detail: str, cfg: RunConfig) -> str:
     run_dir = run_dir_of(cfg)
     lines = [f"{cfg.run_id}: {status}" + (f" ({detail})" if detail else ""), f"  {run_dir}"]
     metrics = runs.readable_metrics(run_dir)
-    if (status in ("ok", "skipped", batch.NOTEBOOK_FAILED) and metrics is not None
+    if (status in ("ok", "skipped", NOTEBOOK_FAILED) and metrics is not None
             and metrics.get("status") == "ok"):
         lines.append(f"  {best_epoch_line(metrics)}")
         if status == "skipped":
@@ -138,32 +140,15 @@ def summary(status: str, detail: str, cfg: RunConfig) -> str:
 
 
 def help_text() -> str:
-    """Usage and every RunConfig field with its default, choices and comment, from config.py."""
-    comments = _field_comments()
+    """Usage and every RunConfig field with its default, choices and help (its field metadata)."""
     rows = []
     for f in dataclasses.fields(RunConfig):
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         extra = f"  one of: {', '.join(CHOICES[f.name])}" if f.name in CHOICES else ""
-        note = f"  # {comments[f.name]}" if comments.get(f.name) else ""
+        note = f"  # {f.metadata['help']}" if f.metadata.get("help") else ""
         rows.append(f"  {f.name} = {json.dumps(default)}{extra}{note}")
     doc = __doc__.strip().splitlines()
     return "\n".join([f"usage: {USAGE}", "", *doc, "", "fields (name = default):", *rows])
-
-
-def _field_comments() -> dict[str, str]:
-    """The trailing comment of each field in RunConfig's source (with its continuation lines)."""
-    comments, last = {}, None
-    for line in inspect.getsource(RunConfig).splitlines():
-        field = re.match(r"\s+(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line)
-        more = re.match(r"\s{8,}#\s*(.*)$", line)     # deeper than a section comment
-        if field:
-            last = field[1]
-            comments[last] = (field[2] or "").strip()
-        elif more and last and comments.get(last):
-            comments[last] += " " + more[1].strip()
-        else:
-            last = None if not line.strip() else last
-    return comments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(status, detail, cfg), flush=True)
     # stopped: a signal before training began (resume by running again); held: another
     # process trains this config
-    return {"failed": 1, "held": 1, batch.NOTEBOOK_FAILED: 1, "preempted": PREEMPTED_EXIT,
+    return {"failed": 1, "held": 1, NOTEBOOK_FAILED: 1, "preempted": PREEMPTED_EXIT,
             "stopped": PREEMPTED_EXIT}.get(status, 0)
 
 

@@ -23,9 +23,7 @@ from pathlib import Path
 
 from kit import io as kio
 from kit.cluster.signals import DEFAULT_GRACE_S
-from kit.cluster.slurm_script import (ARRAY, BODY, DEFAULT_REQUEUES, DEFAULT_TASKS_CAP,  # noqa: F401
-                                      EARLY_S, HEAD,
-                                      NODES, Array, batch_command, directives, script)
+from kit.cluster.slurm_script import DEFAULT_REQUEUES, DEFAULT_TASKS_CAP, EARLY_S, Array, script
 from kit.config.grids import chains, frozen
 from kit.config.paths import outputs_root
 from kit.config.profiles import load_profile, profile_path

@@ -2,6 +2,7 @@
 import must not hide a cycle); each layer imports only the layers below it (docs/architecture.md);
 the outputs contract and the loop have one home each, each method's code its file."""
 import ast
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -172,7 +173,7 @@ def test_each_layer_imports_only_the_layers_below_it():
 def test_the_shape_of_kit():
     """No module over LINES_MAX lines; a subpackage's __init__ is its docstring, but the
     registry's table (kit.methods' own) and the outputs contract's names, when its owner is a
-    package (`from kit.runs import X` reaches its readers' and writers' X)."""
+    package (`from kit.runs import X` reaches its readers' and writers' X, listed in __all__)."""
     long = {str(p.relative_to(KIT)): n for p in KIT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > LINES_MAX}
     assert not long
@@ -181,6 +182,7 @@ def test_the_shape_of_kit():
         assert ast.get_docstring(tree), name
         if name == OUTPUTS_OWNER:
             assert all(isinstance(node, ast.ImportFrom) and owned_by(node.module, name)
+                       or isinstance(node, ast.Assign) and node.targets[0].id == "__all__"
                        for node in tree.body[1:]), f"{name}: its own modules' names only"
         elif name != "kit.methods":
             assert len(tree.body) == 1, f"{init.relative_to(KIT)}: a docstring only"
@@ -274,3 +276,112 @@ def test_a_precision_is_named_in_one_place(monkeypatch):
     metrics = {"mixed_precision": "no", "device": "cpu", "environment": {}}
     done = [page_header.GridRun("r", Path("r"), {}, "ok", metrics)]
     assert page_header.provenance(done)["precision"] == "float32 on cpu"
+
+
+# ---------------------------------------------------------- one import path per name
+# A name has one import path: the module that defines it, or a package whose __init__ lists it
+# in __all__ (kit.runs: the outputs contract's API). So a kit module imports another kit module's
+# name only to use it (no re-export shims), nobody imports a name from a module that merely
+# imports it, and the kit's own code does not read one as `module.name` either. (Tests may: that
+# is how they patch the name where a module looks it up.)
+ROOT = KIT.parent
+
+
+def _top_level(body):
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try)):
+            for part in (node.body, node.orelse, getattr(node, "finalbody", []),
+                         *[h.body for h in getattr(node, "handlers", [])]):
+                yield from _top_level(part)
+
+
+def bindings(tree: ast.Module) -> tuple[set, set, set]:
+    """(names a module binds itself, names it imports from other kit modules, its __all__)."""
+    own, imported, api = set(), set(), set()
+    for node in _top_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            own |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if any(getattr(t, "id", "") == "__all__" for t in targets):
+                api = set(ast.literal_eval(node.value))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            kit = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kit"
+            names = {a.asname or a.name.split(".")[0] for a in node.names}
+            (imported if kit else own).update(names)
+    return own, imported, api
+
+
+def import_paths():
+    """Every file that imports kit names (kit, tests, bench, the notebooks' code) as
+    (where, tree); notebook cells without their IPython magics."""
+    for folder in ("kit", "tests", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield str(path.relative_to(ROOT)), ast.parse(path.read_text())
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            lines = "".join(cell["source"]).splitlines() if cell["cell_type"] == "code" else []
+            code = "\n".join(l for l in lines if not l.lstrip().startswith(("%", "!")))
+            yield f"{path.relative_to(ROOT)} cell {i}", ast.parse(code)
+
+
+def second_paths() -> list[str]:
+    modules = {module_name(p): ast.parse(p.read_text()) for p in KIT.rglob("*.py")}
+    scopes = {m: bindings(tree) for m, tree in modules.items()}
+    api = {(m, n) for m, (_, _, names) in scopes.items() for n in names}
+
+    def elsewhere(module: str, name: str, importer: str) -> bool:
+        """`module.name` is not the name's one path, for a file in `importer`."""
+        if module not in scopes or f"{module}.{name}" in modules or (module, name) in api:
+            return False
+        home = next((p for p, n in api if n == name and module.startswith(p + ".")), None)
+        if home is not None and not importer.startswith(home.replace(".", "/")):
+            return True                        # through its package's API only, from outside
+        return name in scopes[module][1]
+
+    hits = []
+    for where, tree in import_paths():
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kit"):
+                for a in node.names:
+                    if elsewhere(node.module, a.name, where):
+                        hits.append(f"{where}:{node.lineno}: from {node.module} import {a.name}")
+                    if f"{node.module}.{a.name}" in modules:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname})
+        if where.startswith("kit/"):
+            hits += [f"{where}:{n.lineno}: {aliases[n.value.id]}.{n.attr}" for n in ast.walk(tree)
+                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                     and n.value.id in aliases and elsewhere(aliases[n.value.id], n.attr, where)]
+    for m, tree in modules.items():
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        own, imported, names = scopes[m]
+        hits += [f"{m} imports {n} only to pass it on" for n in sorted(imported - used - names)]
+    return hits
+
+
+def test_a_name_has_one_import_path():
+    assert not second_paths()
+
+
+def test_the_import_path_rule_sees_shims_and_second_paths(tmp_path, monkeypatch):
+    fake = tmp_path / "kit"
+    (fake / "train").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "train" / "__init__.py").write_text("")
+    (fake / "train" / "window.py").write_text("class NonFiniteLoss(Exception):\n    pass\n")
+    (fake / "train" / "loop.py").write_text("from kit.train.window import NonFiniteLoss\n")
+    (fake / "train" / "job.py").write_text("from kit.train import loop\nx = loop.NonFiniteLoss\n"
+                                           "from kit.train.loop import NonFiniteLoss as N\ny = N\n")
+    for folder in ("tests", "bench", "notebooks"):
+        (tmp_path / folder).mkdir()
+    monkeypatch.setattr(__import__(__name__), "KIT", fake)
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert sorted(second_paths()) == [
+        "kit.train.loop imports NonFiniteLoss only to pass it on",
+        "kit/train/job.py:2: kit.train.loop.NonFiniteLoss",
+        "kit/train/job.py:3: from kit.train.loop import NonFiniteLoss"]

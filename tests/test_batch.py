@@ -8,8 +8,11 @@ import pytest
 import yaml
 
 from kit import batch
+from kit.config.grids import point_label
+from kit.config.profiles import shard
 from kit.config.run_config import ConfigError, RunConfig
-from kit.train.finetune import run_dir_of
+from kit.runs import run_dir_of
+from kit.train.preflight import missing_task_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,20 +84,20 @@ task_overrides:
 
 def test_shards_partition_the_grid():
     points = list(range(10))
-    shards = [batch.shard(points, f"{i}/3") for i in range(3)]
+    shards = [shard(points, f"{i}/3") for i in range(3)]
     assert sorted(sum(shards, [])) == points
     for bad in ("3/3", "x", "1/0"):
         with pytest.raises(ConfigError):
-            batch.shard(points, bad)
+            shard(points, bad)
 
 
 def test_missing_local_task_files_are_reported(tmp_path):
     cfg = RunConfig(task="MRPC", glue_dir=str(tmp_path))
-    assert batch.missing_task_files(cfg).startswith(             # nowhere, offline
+    assert missing_task_files(cfg).startswith(             # nowhere, offline
         "MRPC: in no glue_dir / GLUE_DIR nor the project's data/glue, and the hub is unreachable")
     (tmp_path / "MRPC").mkdir()                                    # part of it: its files named
-    assert "MRPC/train.tsv not found" in batch.missing_task_files(cfg)
-    assert batch.missing_task_files(RunConfig(task="synthetic")) is None
+    assert "MRPC/train.tsv not found" in missing_task_files(cfg)
+    assert missing_task_files(RunConfig(task="synthetic")) is None
 
 
 def test_run_lock_is_exclusive(tmp_path):
@@ -661,7 +664,7 @@ def test_a_notebook_that_fails_after_fit_is_its_own_outcome_and_exit_1(
     assert batch.run_profile(str(profile), outputs_dir=str(outputs)) == 1
     lines = capsys.readouterr().out.splitlines()
     cfg = RunConfig.from_dict(batch.load_profile(str(profile), str(outputs)).points[0])
-    label = batch.point_label(cfg.to_dict())
+    label = point_label(cfg.to_dict())
     notebook = run_dir_of(cfg) / "notebook.ipynb"
     assert re.fullmatch(rf"\[1/1\] {re.escape(label)}: notebook failed \(the run finished ok; "
                         r"ValueError: the plot failed\) \d+s", lines[2])

@@ -423,7 +423,7 @@ def test_cached_encode_is_the_plain_one_and_the_second_run_reads_the_cache(tok, 
     split = make_split(SINGLE, PAIR_B if pair else None, labels=[1, 0, 1])
     plain = encode(tok, split, 12, regression=False)
     first = encode(tok, split, 12, regression=False, cache_dir=tmp_path)
-    assert len(list(tmp_path.glob("*.npz"))) == 1 and not list(tmp_path.glob("*.tmp*"))
+    assert len(list(tmp_path.glob("*.safetensors"))) == 1 and not list(tmp_path.glob("*.tmp*"))
     monkeypatch.setattr(token_cache, "tokenize", lambda *a: pytest.fail("tokenized again"))
     second = encode(tok, split, 12, regression=False, cache_dir=tmp_path)
     for got in (first, second):
@@ -457,7 +457,7 @@ def test_token_cache_key_follows_tokenizer_length_and_texts(tmp_path):
 
 def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
     split = make_split(SINGLE, labels=[1, 0, 1])
-    path = tmp_path / f"{token_cache.token_cache_key(tok, split, 128)}.npz"
+    path = tmp_path / f"{token_cache.token_cache_key(tok, split, 128)}.safetensors"
     path.write_bytes(b"half a file")
     got = encode(tok, split, 128, regression=False, cache_dir=tmp_path)
     assert_same_examples(got, encode(tok, split, 128, regression=False))
@@ -470,7 +470,7 @@ def test_the_second_run_of_a_grid_reads_its_splits_from_the_token_cache(tmp_path
     base = {"task": "synthetic", "model": "tiny", "synthetic_size": 64, "epochs": 1,
             "save_checkpoints": False, "outputs_dir": str(tmp_path)}
     first = fit(RunConfig(**base, seed=0))
-    assert len(list(token_cache.token_cache_dir(tmp_path).glob("*.npz"))) == 2       # train, dev
+    assert len(list(token_cache.token_cache_dir(tmp_path).glob("*.safetensors"))) == 2       # train, dev
     monkeypatch.setattr(token_cache, "tokenize", lambda *a: pytest.fail("tokenized again"))
     second = fit(RunConfig(**base, seed=1))
     assert first["status"] == second["status"] == "ok"

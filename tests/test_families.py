@@ -19,7 +19,8 @@ from kit.config.run_config import RunConfig
 from kit.data.pipeline import encode
 from kit.methods.bert_mask import masked_copies, ratio_masks, real_tokens
 from kit.data.synthetic import generate
-from kit.train.finetune import fit, run_dir_of
+from kit.train.finetune import fit
+from kit.runs import run_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = sorted(zoo.FAMILIES)

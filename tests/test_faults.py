@@ -19,10 +19,11 @@ import torch
 from kit import io as kio
 from kit.config.run_config import RunConfig
 from kit.runs import RunPreempted, checkpoint_dir, read_metrics, run_dir_of
-from kit.train import accel, loop, run_state
+from kit.train import accel, loop
 from kit.train import checkpoint_hardware as khw
 from kit.train import step as kstep
-from kit.train.finetune import CheckpointError, fit
+from kit.train.finetune import fit
+from kit.train.checkpoint_hardware import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(task="synthetic", model="tiny", method="bert", synthetic_size=96, lr=5e-3,
@@ -457,7 +458,7 @@ def test_files_reach_the_disk_before_they_are_renamed_into_place(tmp_path, monke
     (tmp_path / "last.tmp" / "sub").mkdir(parents=True)
     (tmp_path / "last.tmp" / "model.safetensors").write_bytes(b"w")
     (tmp_path / "last.tmp" / "sub" / "x").write_bytes(b"x")
-    run_state._swap_in(None, tmp_path / "last")
+    kio.swap_in(tmp_path / "last.tmp", tmp_path / "last", tmp_path / "last.old")
     assert log == [("fsync", "x"), ("fsync", "sub"), ("fsync", "model.safetensors"),
                    ("fsync", "last.tmp"), ("rename", "last", "last.old"),
                    ("rename", "last.tmp", "last"), ("fsync", tmp_path.name)]

@@ -137,7 +137,8 @@ def test_fold_knobs_valid_and_in_the_run_id():
 # ---------------------------------------------------------------- a tiny k-fold fit
 
 def test_tiny_fit_on_one_fold_of_the_csv_fixture(tmp_path):
-    from kit.train.finetune import fit, run_dir_of
+    from kit.train.finetune import fit
+    from kit.runs import run_dir_of
     cfg = RunConfig(**CSV, n_folds=5, fold=0, model="tiny", epochs=2, lr=1e-3, batch_size=16,
                     layer_decay=0.9, save_checkpoints=False, outputs_dir=str(tmp_path))
     m = fit(cfg)
@@ -398,7 +399,8 @@ def sentiment_cfg(tmp_path, **extra) -> RunConfig:
 
 
 def test_csv_test_file_gives_submission_with_ids_in_order_and_class_names(tmp_path):
-    from kit.train.finetune import fit, run_dir_of
+    from kit.train.finetune import fit
+    from kit.runs import run_dir_of
     cfg = sentiment_cfg(tmp_path)
     assert fit(cfg)["status"] == "ok"
     sub = pd.read_csv(run_dir_of(cfg) / "submission.csv", dtype=str, keep_default_na=False)
@@ -489,7 +491,8 @@ def test_fold_submissions_with_other_ids_are_refused(tmp_path):
 def test_k_fold_runs_with_a_test_file_average_into_one_submission(tmp_path):
     """Two real fold runs of a tiny model on the STS-B fixture, then the CommonLit average."""
     from kit.results.tables.submission import average_fold_submissions
-    from kit.train.finetune import fit, run_dir_of
+    from kit.train.finetune import fit
+    from kit.runs import run_dir_of
     test = tmp_path / "test.csv"
     pd.read_csv(PAIRS).drop(columns="score").iloc[:12].to_csv(test, index=False)
     cfg = RunConfig(**CSV, csv_test_path=str(test), n_folds=2, model="tiny", epochs=1, lr=1e-3,

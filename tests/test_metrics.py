@@ -1,5 +1,5 @@
 """kit.train.metrics against values worked out by hand, and against the sklearn / scipy functions it
-replaced (numpy only, so a training kernel imports neither)."""
+calls (imported where first needed, so importing a training kernel loads neither)."""
 import math
 import subprocess
 import sys
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef, mean_squared_error
 
-from kit.train.metrics import (accuracy, average_ranks, binary_f1, compute_metrics, evaluate_splits,
+from kit.train.metrics import (accuracy, binary_f1, compute_metrics, evaluate_splits,
                                heldout_epoch, macro_f1, mcc, mse, pearson, reported_metrics,
                                spearman, three_subset_stats, three_subsets)
 from kit.config.tasks import csv_task, get_task
@@ -140,12 +140,12 @@ def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
         heldout_epoch([])
 
 
-# ------------------------------------------------ the numpy metrics against sklearn / scipy
-# Every kit.train.metrics function repeats the float operations of the function it replaced, in the
-# same order, so the tests below compare with == (exact), never approx.
+# ------------------------------------------------ the kit's metrics against sklearn / scipy
+# Each kit.train.metrics function is the sklearn / scipy call with the kit's conventions (class 1
+# is F1's positive class, zero_division=0), so the tests below compare with == (exact).
 
 def sklearn_scores(gold, preds) -> dict:
-    """The former definitions (kit.train.metrics before it dropped sklearn and scipy)."""
+    """The reference definitions, straight from sklearn."""
     return {"accuracy": accuracy_score(gold, preds), "mcc": matthews_corrcoef(gold, preds),
             "f1_macro": f1_score(gold, preds, average="macro", zero_division=0),
             "f1": f1_score(gold % 2, preds % 2, pos_label=1, average="binary", zero_division=0)}
@@ -225,11 +225,6 @@ def test_regression_metrics_equal_scipy_on_any_values(pairs):
             expected = float(theirs(x, y)[0])
             assert ours(x, y) == expected or (math.isnan(ours(x, y)) and math.isnan(expected))
     assert mse(y, x) == mean_squared_error(y, x)
-
-
-def test_average_ranks_share_ties():
-    assert average_ranks(np.array([3.0, 1.0, 3.0, 2.0, 3.0])).tolist() == [4, 1, 4, 2, 4]
-    assert average_ranks(np.array([7.0])).tolist() == [1]
 
 
 @pytest.mark.parametrize("preds, gold", [

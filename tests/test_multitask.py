@@ -21,7 +21,7 @@ from kit.methods.embert import (MultiTaskModel, MultiTaskSpec, TaskGate, adapter
                                 apply_stage, base_qkv_parameters, default_rank, gate_parameters,
                                 load_multitask, masked_mean)
 from kit.config.tasks import get_task
-from kit.train.finetune import run_dir_of
+from kit.runs import run_dir_of
 
 REPO = Path(__file__).resolve().parents[1]
 MIX = dict(task="multitask", tasks=("synthetic", "synthetic-pair"), model="tiny",

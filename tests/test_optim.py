@@ -177,7 +177,8 @@ def test_a_checkpoint_of_the_per_layer_groups_is_refused_in_one_line(tmp_path, m
     folder and both ways on, not torch's ValueError read as a corrupt checkpoint."""
     from kit.runs import checkpoint_dir, run_dir_of
     from kit.train import loop
-    from kit.train.finetune import CheckpointError, fit
+    from kit.train.finetune import fit
+    from kit.train.checkpoint_hardware import CheckpointError
     from tests.test_faults import killed_after_epoch_0
     monkeypatch.setattr(loop, "merged_groups", lambda groups: groups)    # the older kit
     cfg = killed_after_epoch_0(tmp_path, monkeypatch)                    # (undoes both)

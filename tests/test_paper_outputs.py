@@ -294,7 +294,8 @@ def test_equal_steps_budget_trains_bert_rs_steps(tmp_path, budget, steps, exampl
     epoch 1: ceil(400 / 32) + ceil(800 / 32) = 13 + 25 optimizer steps. With equal_steps its
     epoch 1 is a 400-row subsample: 13 + 13 steps, as BERT-r takes."""
     import torch
-    from kit.train.finetune import fit, run_dir_of
+    from kit.train.finetune import fit
+    from kit.runs import run_dir_of
     before = torch.get_num_threads()
     torch.set_num_threads(1)              # restored: later tests compare runs across processes
     cfg = RunConfig(task="synthetic", model="tiny", method="bert-mask", synthetic_size=400,

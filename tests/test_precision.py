@@ -21,10 +21,12 @@ from kit.models.backbones import load_backbone
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import encode, load_task_data
 from kit.data.tensors import collate
-from kit.train.loop import predict_logits as _predict_logits
+from kit.train.step import predict_logits as _predict_logits
 from kit.methods.bert import HeadSpec, SequenceModel
-from kit.train.finetune import fit, run_dir_of
+from kit.train.finetune import fit
+from kit.runs import run_dir_of
 from kit.train.finetune import loss_terms as _loss_terms
+from kit.train.window import NonFiniteLoss, check_finite
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU branch of auto")
 REPO = Path(__file__).resolve().parents[1]
@@ -302,8 +304,8 @@ def test_an_overflowing_fp16_step_is_skipped_and_leaves_the_weights(one_thread):
 def test_a_non_finite_loss_still_stops_the_run_under_fp16(precision, hint):
     """The losses are fp32 under every precision: a non-finite one is no gradient overflow."""
     window = torch.tensor([[0.5, 0.7], [math.nan, 0.7]])
-    with pytest.raises(loop.NonFiniteLoss) as err:
-        loop.check_finite(window, ["loss", "loss_target"], 1, 12, precision)
+    with pytest.raises(NonFiniteLoss) as err:
+        check_finite(window, ["loss", "loss_target"], 1, 12, precision)
     assert str(err.value) == "non-finite loss at epoch 1 step 12: loss=nan, loss_target=0.7" + hint
 
 

@@ -17,11 +17,12 @@ from kit.data.pipeline import glue_source
 from kit.methods.bert import HeadSpec, SequenceModel, load_trained
 from kit.models.model_io import save_model
 from kit.methods.embert import MultiTaskModel, MultiTaskSpec, load_multitask
-from kit.predict import as_frame, as_split, main, predict, predict_logits, run_text_columns
+from kit.predict import as_frame, as_split, main, predict, logits_of, run_text_columns
 from kit.data.readers import DataError, read_glue_split
 from kit.data.synthetic import generate
 from kit.config.tasks import get_task
-from kit.train.finetune import fit, run_dir_of
+from kit.train.finetune import fit
+from kit.runs import run_dir_of
 
 RUN = dict(model="tiny", epochs=1, lr=5e-3, batch_size=16, save_checkpoints=True)
 
@@ -78,7 +79,7 @@ def test_plain_transformers_loads_a_bert_run_and_predicts_what_the_kit_predicts(
     folder = bert_run / "checkpoint" / "best"
     dev = generate(False, 150, "dev", distractors=3)  # the run's dev set (synthetic_size // 4)
     model, tokenizer = load_trained(folder)
-    kit_logits = predict_logits(model, tokenizer, dev)
+    kit_logits = logits_of(model, tokenizer, dev)
     hf = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     assert type(hf).__name__ == "BertForSequenceClassification"
     assert hf.config.id2label == {0: "negative", 1: "positive"}
@@ -98,7 +99,7 @@ def test_plain_transformers_on_a_real_rte_run_has_its_label_names(rte_run):
     assert hf.config.label2id == {"entailment": 0, "not_entailment": 1}
     assert hf.config.problem_type == "single_label_classification" and hf.config.num_labels == 2
     hf_logits = hf_logits_one_by_one(hf, tokenizer, dev)
-    np.testing.assert_allclose(hf_logits, predict_logits(model, tokenizer, dev), atol=1e-5)
+    np.testing.assert_allclose(hf_logits, logits_of(model, tokenizer, dev), atol=1e-5)
     assert [hf.config.id2label[i] for i in hf_logits.argmax(-1)] == dev_predictions(rte_run)
 
 
@@ -141,7 +142,7 @@ def test_regression_head_config_and_logits(tmp_path):
         ours = model(enc["input_ids"], enc["attention_mask"], special, enc["token_type_ids"])
         np.testing.assert_allclose(hf(**enc).logits.numpy(), ours["logits"].numpy(), atol=1e-6)
     split = as_split(["a cat sat", "two dogs ran far away"], pair=False)
-    logits = predict_logits(load_trained(tmp_path)[0], tokenizer, split)
+    logits = logits_of(load_trained(tmp_path)[0], tokenizer, split)
     np.testing.assert_allclose(logits, ours["logits"].numpy(), atol=1e-6)
     frame = as_frame(logits, None)                      # a regression run's output: the scores
     assert list(frame.columns) == ["prediction"]
@@ -183,8 +184,8 @@ def test_families_with_and_without_a_transformers_head(tmp_path, family, loads):
                                              labels=["a", "b", "c"])).eval()
     save_model(model, tokenizer, tmp_path / "ckpt")
     split = as_split(["a cat sat on the mat", "dogs"], pair=False)
-    ours = predict_logits(model, tokenizer, split)
-    np.testing.assert_array_equal(predict_logits(load_trained(tmp_path / "ckpt")[0], tokenizer,
+    ours = logits_of(model, tokenizer, split)
+    np.testing.assert_array_equal(logits_of(load_trained(tmp_path / "ckpt")[0], tokenizer,
                                                  split), ours)
     if not loads:
         with pytest.raises(ValueError, match="ssa-kit bert model"):

@@ -16,7 +16,7 @@ from kit.config.run_config import ConfigError, RunConfig
 from kit.results.views.views import epoch_table, summary_line
 from kit.runs import RunPreempted, run_dir_of
 from kit.train import loop, progress
-from kit.train.loop import NonFiniteLoss
+from kit.train.window import NonFiniteLoss
 from kit.train.finetune import fit
 from kit.train.multitask import epoch_table as multitask_epoch_table
 from run_folders import files, hidden

@@ -17,7 +17,8 @@ from kit.results.frame import collect
 from kit.results.tables import table_sets, writers
 from kit.results.report import profile_outputs
 from kit.config.run_config import RunConfig
-from kit.train.finetune import fit, run_dir_of
+from kit.train.finetune import fit
+from kit.runs import run_dir_of
 
 FIELDS = {"kit_commit", "kit_dirty", "python", "torch", "transformers", "accelerate", "datasets",
           "cpu", "threads", "gpu", "processes", "per_device"}

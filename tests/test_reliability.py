@@ -14,7 +14,9 @@ import pytest
 from kit import batch
 from kit import io as kio
 from kit.config.run_config import RunConfig
-from kit.train.finetune import CheckpointError, RunLocked, fit, run_dir_of
+from kit.train.finetune import fit
+from kit.train.checkpoint_hardware import CheckpointError
+from kit.runs import RunLocked, run_dir_of
 from kit.train.accel import machine_precision
 from kit.train.checkpoint_hardware import describe
 

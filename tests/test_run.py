@@ -9,7 +9,7 @@ from kit import run as krun
 from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.config.rules import CHOICES
-from kit.train.finetune import run_dir_of
+from kit.runs import run_dir_of
 from run_folders import files, hidden
 
 
@@ -226,7 +226,7 @@ def test_an_uncached_hub_model_offline_is_one_line_before_any_kernel(tmp_path, m
     import huggingface_hub.constants
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(krun.batch, "prepare_kernels", lambda: pytest.fail("a kernel started"))
+    monkeypatch.setattr(krun, "prepare_kernels", lambda: pytest.fail("a kernel started"))
     assert krun.main(["task=synthetic", "model=bert-base-uncased",
                       f"outputs_dir={tmp_path / 'out'}"]) == 2
     assert capsys.readouterr().err == (
@@ -299,7 +299,7 @@ def finished_run(tmp_path, monkeypatch, capsys):
     """A finished tiny run made by kit.run: (argv of that point, its config, its files). The
     notebook runs in this process (InProcessKernel) here and in the test that uses it."""
     from kit.cluster import point
-    monkeypatch.setattr(krun.batch, "prepare_kernels", lambda: None)
+    monkeypatch.setattr(krun, "prepare_kernels", lambda: None)
     monkeypatch.setattr(point, "Kernels", InProcessKernel)
     argv = [f"{k}={v}" for k, v in TINY.items() if k != "report_to"] + [
         "report_to=none", f"outputs_dir={tmp_path}"]
@@ -359,7 +359,7 @@ def test_a_set_aside_run_comes_back_when_its_replacement_fails_on_every_path(
     """The stopped rerun resumed without rerun=true (a batch, a plain run, fit() itself) fails:
     the finished run comes back, byte for byte, and the failure's line says so."""
     import kit.train.finetune as finetune
-    from kit.train.loop import NonFiniteLoss
+    from kit.train.window import NonFiniteLoss
     argv, cfg, before, _ = stopped_rerun
     monkeypatch.setattr(finetune, "target_loss", nan_loss)
     if path == "fit":
@@ -367,7 +367,7 @@ def test_a_set_aside_run_comes_back_when_its_replacement_fails_on_every_path(
             finetune.fit(cfg)
     elif path == "batch":
         profile = Profile("p", Path("p.yaml"), None, [cfg.to_dict()], False)
-        status, detail = krun.batch.execute(profile, cfg.to_dict(), kernels=DyingKernel())
+        status, detail = krun.execute(profile, cfg.to_dict(), kernels=DyingKernel())
         assert (status, detail) == ("failed", "RuntimeError: Kernel died; the finished run is "
                                               "kept (its rerun did not finish)")
     else:

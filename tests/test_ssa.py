@@ -211,7 +211,7 @@ def test_saved_labels_replay(tmp_path):
     train.labels = cue_model(train)
     ssa = settings(method="ssa-co", save_labels=True)
     first, stats = build_epoch(train, ssa, 1, cue_model, False, MASK, run_dir=tmp_path)
-    assert [p.name for p in (tmp_path / "ssa_labels").iterdir()] == ["epoch1.npz"]
+    assert [p.name for p in (tmp_path / "ssa_labels").iterdir()] == ["epoch1.safetensors"]
     replay = settings(method="ssa-co", reuse_labels_from=str(tmp_path))
     again, stats2 = build_epoch(train, replay, 1, never, False, MASK)
     assert stats2["reused"] and stats2["flipped"] == stats["flipped"]

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from kit.config.run_config import RunConfig
-from kit.train.loop import NonFiniteLoss
-from kit.train.finetune import fit, run_dir_of
+from kit.train.window import NonFiniteLoss
+from kit.train.finetune import fit
+from kit.runs import run_dir_of
 
 TINY = dict(task="synthetic", model="tiny", synthetic_size=400, epochs=2, lr=5e-3,
             save_checkpoints=False)

@@ -170,23 +170,23 @@ def test_the_token_views_decode_only_the_epoch_they_show(ssa_run, tmp_path, monk
     from kit.runs import arrays
     run = tmp_path / ssa_run.name
     shutil.copytree(ssa_run, run)
-    last = max(runs.saved_labels_dir(run).glob("epoch*.npz"))
+    last = max(runs.saved_labels_dir(run).glob("epoch*.safetensors"))
     epoch = int(last.stem.removeprefix("epoch"))
     for later in (epoch + 1, epoch + 2):
-        shutil.copy(last, runs.saved_labels_dir(run) / f"epoch{later}.npz")
+        shutil.copy(last, runs.saved_labels_dir(run) / f"epoch{later}.safetensors")
     decoded = []
     read_arrays = arrays.read_arrays
     monkeypatch.setattr(arrays, "read_arrays", lambda path: decoded.append(Path(path).name)
                         or read_arrays(path))
     assert token_html.pick_view(run) == "labels" and decoded == []
     view = token_html.show_tokens(run, n=2)
-    assert view.by == "labels" and decoded == [f"epoch{epoch + 2}.npz"]
+    assert view.by == "labels" and decoded == [f"epoch{epoch + 2}.safetensors"]
     decoded.clear()
     assert view.html in token_html.report_section([run], n=2)
-    assert decoded == [f"epoch{epoch + 2}.npz"]
+    assert decoded == [f"epoch{epoch + 2}.safetensors"]
     decoded.clear()
     token_html.show_tokens(run, n=2, epoch=epoch)
-    assert decoded == [f"epoch{epoch}.npz"]
+    assert decoded == [f"epoch{epoch}.safetensors"]
 
 
 # ---------------------------------------------------------------- the trained model

@@ -25,7 +25,6 @@ import functools
 import os
 import queue
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -35,12 +34,6 @@ from jupyter_core.utils import run_sync
 from kit.cluster.signals import ARM
 from kit.config.paths import PROJECT as REPO      # kernels start in the project folder
 from kit.train import progress as kprogress
-
-# papermill -> nbformat -> jsonschema builds lark grammars for its optional IRI format checks when
-# rfc3987_syntax is installed (jupyter's extras install it): 0.75 s of every batch's start
-# (papermill imports in 1.05 s, 0.29 s without it). Notebooks are validated without format
-# checks, so the batch process does without that optional module.
-sys.modules.setdefault("rfc3987_syntax", None)
 
 # Kernel log lines (the TCP-without-encryption warning at start, a KeyboardInterrupt line when
 # a kernel is stopped) are not about the run: keep only the kernel's critical errors.

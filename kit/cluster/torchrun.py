@@ -3,11 +3,9 @@ the signals it passes on to them) and its run, with the batch's signal passed on
 from __future__ import annotations
 
 import functools
-import importlib.util
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from kit.cluster.signals import FORWARD
 from kit.config.paths import PROJECT as REPO
@@ -21,14 +19,12 @@ TORCHRUN_SIGNALS = ",".join(dict.fromkeys([*TORCHRUN_OWN, *(s.name for s in SIGN
 
 @functools.cache
 def torchrun_knows(option: str) -> bool:
-    """Whether the installed torchrun has `option`, read from its source (importing torch to
-    ask would cost the batch seconds)."""
-    spec = importlib.util.find_spec("torch")
-    run_py = Path(spec.origin).parent / "distributed" / "run.py" if spec and spec.origin else None
-    try:
-        return run_py is not None and f'"{option}"' in run_py.read_text()
-    except OSError:
-        return False
+    """Whether the installed torchrun takes `option`, asked of its own argument parser (public
+    torch.distributed.run.get_args_parser; an option it lacks is left over). Imports torch
+    (about a second), once per batch, and only for one that launches torchrun."""
+    from torch.distributed.run import get_args_parser
+    _, unknown = get_args_parser().parse_known_args([option, "1", "script.py"])
+    return not unknown
 
 
 def torchrun_command(script: list[str], processes: int, grace_s: int, nodes: int = 1,

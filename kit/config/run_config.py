@@ -47,37 +47,43 @@ PARAMETER_ALIASES = {
 }
 
 
+def knob(default, help: str):
+    """A RunConfig field: its default and its help text (`python -m kit.run --help` lists it)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     # what to run
-    task: str = "synthetic"            # GLUE name (RTE, SST-2 ...), synthetic, synthetic-pair, csv
-    model: str = "minilm"              # minilm (embedded), tiny (random, tests), hub id, local folder
-    method: str = "bert"               # bert | bert-mask | ssa-co | ssa-h; mlm: masked-LM
-                                       # pretraining on the task's text (TAPT, kit.train.pretrain)
+    task: str = knob("synthetic", "GLUE name (RTE, SST-2 ...), synthetic, synthetic-pair, csv")
+    model: str = knob("minilm", "minilm (embedded), tiny (random, tests), hub id, local folder")
+    method: str = knob("bert", "bert | bert-mask | ssa-co | ssa-h; mlm: masked-LM pretraining on "
+                               "the task's text (TAPT, kit.train.pretrain)")
     seed: int = 0
     # data
-    glue_dir: str = ""                 # local GLUE folder; "" -> $GLUE_DIR, else the hub; "hub" forces hub
-    max_train_examples: int = 0        # 0 = all; else the first N (seeded shuffle) of train
+    glue_dir: str = knob("", 'local GLUE folder; "" -> $GLUE_DIR, else the hub; "hub" forces hub')
+    max_train_examples: int = knob(0, "0 = all; else the first N (seeded shuffle) of train")
     max_length: int = 128
-    synthetic_size: int = 2000         # train examples of the synthetic task (dev is a quarter)
-    synthetic_spurious: float = 0.0    # synthetic: train phi correlation of a shortcut word with
-                                       # the label (dev: independent); 0 = no shortcut word
-    synthetic_distractors: int = 0     # synthetic: distractor words per sentence, N-3..N+3; 0 = 5-11
+    synthetic_size: int = knob(2000, "train examples of the synthetic task (dev is a quarter)")
+    synthetic_spurious: float = knob(0.0, "synthetic: train phi correlation of a shortcut word "
+                                          "with the label (dev: independent); 0 = no shortcut "
+                                          "word")
+    synthetic_distractors: int = knob(0, "synthetic: distractor words per sentence, N-3..N+3; 0 = "
+                                         "5-11")
     csv_path: str = ""
     csv_text_columns: tuple[str, ...] = ()
     csv_target: str = ""
     csv_regression: bool = True
-    csv_test_path: str = ""            # a test CSV (text columns + id column): submission.csv
-    csv_id_column: str = "id"          # the test CSV's id column, first column of submission.csv
-    csv_metric: str = ""               # selection metric; "" = rmse (regression), mean of
-                                       # accuracy and f1_macro (classification); choices:
-                                       # config_rules.CSV_METRICS
+    csv_test_path: str = knob("", "a test CSV (text columns + id column): submission.csv")
+    csv_id_column: str = knob("id", "the test CSV's id column, first column of submission.csv")
+    csv_metric: str = knob("", 'selection metric; "" = rmse (regression), mean of accuracy and '
+                               "f1_macro (classification); choices: config_rules.CSV_METRICS")
     # k-fold CSV runs (Kaggle style: one run per fold, each validated on its fold; see
     # kit.data.folds)
-    n_folds: int = 0                   # 0 = no folds: a seeded 80/20 split; else k >= 2 folds
-    fold: int = 0                      # with n_folds: the fold that is dev (train = every other row)
-    csv_fold_column: str = ""          # a fold column of the CSV; "" = assigned (fixed seed 0,
-                                       # stratified: classes / target quantile bins)
+    n_folds: int = knob(0, "0 = no folds: a seeded 80/20 split; else k >= 2 folds")
+    fold: int = knob(0, "with n_folds: the fold that is dev (train = every other row)")
+    csv_fold_column: str = knob("", 'a fold column of the CSV; "" = assigned (fixed seed 0, '
+                                    "stratified: classes / target quantile bins)")
     # optimisation
     epochs: int = 3
     batch_size: int = 32
@@ -87,68 +93,78 @@ class RunConfig:
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
     grad_accum: int = 1
-    layer_decay: float = 1.0           # layer-wise lr decay (StructBERT lr_decay_factor); 1 = off
-    freeze_layers: int = 0             # freeze the N lowest modules (embeddings count as the first)
+    layer_decay: float = knob(1.0, "layer-wise lr decay (StructBERT lr_decay_factor); 1 = off")
+    freeze_layers: int = knob(0, "freeze the N lowest modules (embeddings count as the first)")
     group_by_length: bool = True
-    length_buckets: str = "auto"       # auto | off | on: batches padded to multiples of 16 tokens
-                                       # and batch_size rows (few shapes: a GPU's first-use costs);
-                                       # auto: off everywhere until a GPU measures it (docs/gpu.md)
-    mixed_precision: str = "auto"      # auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU,
-                                       # bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)
-    compile: bool = False              # torch.compile the encoder's layer (kit.models.regional_compile)
-    cuda_graphs: str = "auto"          # auto | off | on: the encoder compiled with mode
-                                       # reduce-overhead (CUDA graphs, one per bucket; implies
-                                       # length_buckets); auto: off until a GPU measures it faster
-    dropout_rng: str = "auto"          # auto | torch | packed: dropout's mask from 16-bit lanes of
-                                       # random words (kit.models.packed_dropout); auto: packed for
-                                       # bf16 on a CPU (kit.train.accel.resolve_dropout_rng)
+    length_buckets: str = knob("auto", "auto | off | on: batches padded to multiples of 16 tokens "
+                                       "and batch_size rows (few shapes: a GPU's first-use "
+                                       "costs); auto: off everywhere until a GPU measures it "
+                                       "(docs/gpu.md)")
+    mixed_precision: str = knob("auto", "auto | no | bf16 | fp16; auto: bf16 (else fp16) on GPU, "
+                                        "bf16 on CPUs with avx512_bf16 / AMX, else none (fp32)")
+    compile: bool = knob(False, "torch.compile the encoder's layer (kit.models.regional_compile)")
+    cuda_graphs: str = knob("auto", "auto | off | on: the encoder compiled with mode "
+                                    "reduce-overhead (CUDA graphs, one per length bucket; implies "
+                                    "length_buckets); auto: on for CUDA runs of 4,200+ steps "
+                                    "without attention maps (kit.train.accel.resolve_cuda_graphs)")
+    dropout_rng: str = knob("auto", "auto | torch | packed: dropout's mask from 16-bit lanes of "
+                                    "random words (kit.models.packed_dropout); auto: packed for "
+                                    "bf16 on a CPU (kit.train.accel.resolve_dropout_rng)")
     # SSA and BERT-mask (defaults follow the paper; see docs/ssa.md for the released-code switches)
-    alpha: float = 0.7                 # loss = alpha * L_target + (1 - alpha) * L_SSA
-    beta: float = 0.5                  # hybrid: R_o = beta * R_CLS + (1 - beta) * sum_i w_i R_i
-    gamma: float = 1.0                 # masked variants per kept sentence per epoch
-    mask_ratio: float = 0.3            # share of real word-pieces masked per variant ("ratio" scheme)
-    mask_scheme: str = "ratio"         # ratio | spans (released code: aug/rm thresholds, quartiles)
-    label_rule: str = "paper"          # paper (masked: flip -> 1, else 0) | code (see docs/ssa.md)
-    label_merge: str = "union"         # union: labels ride on the sentence | variant: extra examples
-    hybrid_weighting: str = "paper"    # paper: softmax of p(important) | code: of p>=thr | logodds
-    attention_threshold: float = 0.3   # code weighting: tokens with p(important) below are dropped
-    share_weight: bool = True          # False: one SSA classifier per position (code's share_weight=0)
-    ssa_start_epoch: int = 1           # first epoch (0-based) trained with generated data
-    regression_tolerance: float = 0.3  # regression: "correct" and "unchanged" mean within this
-    aug_threshold: float = 0.1         # spans scheme: chance a word-piece starts a masked span
-    rm_threshold: float = 0.7          # spans scheme: span length 1 / 2 / 3 with p 0.4 / 0.3 / 0.3
-    code_share_step: float = 0.2       # code rule: share of SSA examples grows by this per epoch
+    alpha: float = knob(0.7, "loss = alpha * L_target + (1 - alpha) * L_SSA")
+    beta: float = knob(0.5, "hybrid: R_o = beta * R_CLS + (1 - beta) * sum_i w_i R_i")
+    gamma: float = knob(1.0, "masked variants per kept sentence per epoch")
+    mask_ratio: float = knob(0.3, 'share of real word-pieces masked per variant ("ratio" scheme)')
+    mask_scheme: str = knob("ratio", "ratio | spans (released code: aug/rm thresholds, quartiles)")
+    label_rule: str = knob("paper", "paper (masked: flip -> 1, else 0) | code (see docs/ssa.md)")
+    label_merge: str = knob("union", "union: labels ride on the sentence | variant: extra "
+                                     "examples")
+    hybrid_weighting: str = knob("paper", "paper: softmax of p(important) | code: of p>=thr | "
+                                          "logodds")
+    attention_threshold: float = knob(0.3, "code weighting: tokens with p(important) below are "
+                                           "dropped")
+    share_weight: bool = knob(True, "False: one SSA classifier per position (code's "
+                                    "share_weight=0)")
+    ssa_start_epoch: int = knob(1, "first epoch (0-based) trained with generated data")
+    regression_tolerance: float = knob(0.3, 'regression: "correct" and "unchanged" mean within '
+                                            "this")
+    aug_threshold: float = knob(0.1, "spans scheme: chance a word-piece starts a masked span")
+    rm_threshold: float = knob(0.7, "spans scheme: span length 1 / 2 / 3 with p 0.4 / 0.3 / 0.3")
+    code_share_step: float = knob(0.2, "code rule: share of SSA examples grows by this per epoch")
     code_share_max: float = 0.8
-    save_labels: bool = False          # write generated SSA labels per epoch into the run folder
-    reuse_labels_from: str = ""        # a run folder whose saved labels replace probing
-    budget: str = "epochs"             # epochs | equal_steps: every epoch trains len(train) rows
-                                       # (BERT-mask's / variant-merge SSA's epochs subsampled)
+    save_labels: bool = knob(False, "write generated SSA labels per epoch into the run folder")
+    reuse_labels_from: str = knob("", "a run folder whose saved labels replace probing")
+    budget: str = knob("epochs", "epochs | equal_steps: every epoch trains len(train) rows "
+                                 "(BERT-mask's / variant-merge SSA's epochs subsampled)")
     # attention guiding (Wang et al. 2022), on top of any method
-    guide_loss: str = "task"           # task | task+pd | task+ad | task+both
+    guide_loss: str = knob("task", "task | task+pd | task+ad | task+both")
     pd_factor: float = 0.001
     ad_factor: float = 0.001
     # multi-task (methods embert / gated, kit.train.multitask): `task` is the label "multitask" and
     # `tasks` lists the tasks trained together (one head each); single-task methods leave it ()
-    tasks: tuple[str, ...] = ()        # e.g. (RTE, CoLA, STS-B, SST-2, WNLI)
-    sampling: str = "anneal"           # task of each batch: prop | sqrt | anneal | round-robin
-    steps_per_epoch: int = 0           # batches per epoch; 0 = total train rows / batch_size
-    adapter_rank: int = 0              # gated: Q/K adapter rank; 0 = hidden * 204 / 768 (BERT-base 204)
-    gate_start_epoch: int = 1          # gated: epochs before this train the adapters, gate fixed
-    freeze_qkv_epoch: int = 2          # gated: from this epoch the last layer's base Q/K/V are frozen
-    guide_reduction: str = "query"     # query (attention received) | key (released code; ~constant)
+    tasks: tuple[str, ...] = knob((), "e.g. (RTE, CoLA, STS-B, SST-2, WNLI)")
+    sampling: str = knob("anneal", "task of each batch: prop | sqrt | anneal | round-robin")
+    steps_per_epoch: int = knob(0, "batches per epoch; 0 = total train rows / batch_size")
+    adapter_rank: int = knob(0, "gated: Q/K adapter rank; 0 = hidden * 204 / 768 (BERT-base 204)")
+    gate_start_epoch: int = knob(1, "gated: epochs before this train the adapters, gate fixed")
+    freeze_qkv_epoch: int = knob(2, "gated: from this epoch the last layer's base Q/K/V are "
+                                    "frozen")
+    guide_reduction: str = knob("query", "query (attention received) | key (released code; "
+                                         "~constant)")
     # masked-LM pretraining (method mlm, kit.train.pretrain: TAPT / ITPT); the adapted model is what a
     # later fine-tuning point takes as `model`
-    mlm_probability: float = 0.15      # share of real tokens masked: 80% [MASK], 10% random,
-                                       # 10% kept
-    whole_word_mask: bool = False      # mask every piece of a chosen word (all [MASK] there)
-    pretrain_eval_text: bool = False   # also train on the dev and test text (no labels): Kaggle's
-                                       # ITPT; a GLUE dev score after it is no longer held out
-    adapted_dir: str = ""              # also write the best model here (a plain HF folder); a
-                                       # profile writes "{outputs}/adapted/NAME" (kit.config.profiles)
+    mlm_probability: float = knob(0.15, "share of real tokens masked: 80% [MASK], 10% random, 10% "
+                                        "kept")
+    whole_word_mask: bool = knob(False, "mask every piece of a chosen word (all [MASK] there)")
+    pretrain_eval_text: bool = knob(False, "also train on the dev and test text (no labels): "
+                                           "Kaggle's ITPT; a GLUE dev score after it is no longer "
+                                           "held out")
+    adapted_dir: str = knob("", "also write the best model here (a plain HF folder); a profile "
+                                'writes "{outputs}/adapted/NAME" (kit.config.profiles)')
     # outputs
     outputs_dir: str = "outputs"
-    save_checkpoints: bool = True      # keep checkpoint/ after the run (every run writes it while
-                                       # it trains, so a preempted one resumes)
+    save_checkpoints: bool = knob(True, "keep checkpoint/ after the run (every run writes it "
+                                        "while it trains, so a preempted one resumes)")
     # mid-epoch checkpoints (kit.train.run_state): every N minutes and / or every N optimizer
     # steps (0 = off); a signal (SIGTERM, SIGUSR1, SIGINT) also writes one before the run stops
     checkpoint_minutes: float = 10.0
@@ -157,13 +173,14 @@ class RunConfig:
     # otherwise: not bit-exact); metrics.json notes it (resumed_on_other_hardware)
     resume_on_other_hardware: bool = False
     predict_test: bool = False
-    save_epoch_predictions: bool = False   # predictions/dev_epoch<N>.tsv every epoch (OOF per epoch)
+    save_epoch_predictions: bool = knob(False, "predictions/dev_epoch<N>.tsv every epoch (OOF per "
+                                               "epoch)")
     log_every: int = 10
     profile: str = ""
-    report_to: tuple[str, ...] = ("auto",)   # trackers: auto (TensorBoard if installed) | none |
-                                             # tensorboard, wandb, mlflow, trackio
-                                             # (kit.train.tracking)
-    rerun: bool = False                # train a finished run again (kept until the new one ends ok)
+    report_to: tuple[str, ...] = knob(("auto",), "trackers: auto (TensorBoard if installed) | "
+                                                 "none | tensorboard, wandb, mlflow, trackio "
+                                                 "(kit.train.tracking)")
+    rerun: bool = knob(False, "train a finished run again (kept until the new one ends ok)")
 
     # fields that do not change what is computed; they stay out of the run id
     _NOT_IDENTITY = ("glue_dir", "outputs_dir", "save_checkpoints", "checkpoint_minutes",

@@ -38,7 +38,7 @@ def read_text(path: Path) -> str:
         raise DataError(f"{path}: file not found; check the path")
     raw = path.read_bytes()
     if not raw.strip():
-        raise DataError(f"{path}: the file is empty; re-download or re-export it")
+        raise DataError(f"{path}: the file is empty; download or export it again")
     # MRPC train/dev (and Excel's "CSV UTF-8") start with a byte order mark; without this the
     # first header name would be "\ufeffQuality" and the label column would not be found.
     if raw.startswith(codecs.BOM_UTF8):

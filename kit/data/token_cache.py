@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
 from kit import io as kio
 from kit.config.paths import outputs_root
@@ -19,7 +20,7 @@ from kit.config.tasks import Split
 
 Tokens = tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray]]   # ids, types, special
 
-TOKEN_CACHE_FORMAT = 1   # bump when tokenize's call or the stored arrays change
+TOKEN_CACHE_FORMAT = 2   # bump when tokenize's call or the stored arrays change
 
 
 def tokenize(tokenizer, split: Split, max_length: int) -> Tokens:
@@ -63,11 +64,11 @@ def tokenize_cached(tokenizer, split: Split, max_length: int, cache_dir: Path) -
     key = token_cache_key(tokenizer, split, max_length)
     if key is None:
         return tokenize(tokenizer, split, max_length)
-    path = cache_dir / f"{key}.npz"
+    path = cache_dir / f"{key}.safetensors"
     if path.exists():
         try:
             return load_tokens(path)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        except (OSError, ValueError, KeyError, SafetensorError):
             pass
     tokens = tokenize(tokenizer, split, max_length)
     try:
@@ -78,7 +79,8 @@ def tokenize_cached(tokenizer, split: Split, max_length: int, cache_dir: Path) -
 
 
 def store_tokens(path: Path, tokens: Tokens) -> None:
-    """One file per split: the rows' lengths and the concatenated arrays (int32 ids, int8 types)."""
+    """One safetensors file per split (data only, never a pickle: outputs/ may be shared): the
+    rows' lengths and the concatenated arrays (int32 ids, int8 types)."""
     ids, types, special = tokens
     arrays = {"lengths": np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)),
               "ids": np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32),
@@ -86,14 +88,13 @@ def store_tokens(path: Path, tokens: Tokens) -> None:
     if types is not None:
         arrays["types"] = np.concatenate(types).astype(np.int8) if types else np.zeros(0, np.int8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with kio.atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+    with kio.atomic_path(path) as tmp:
+        save_file(arrays, str(tmp))
 
 
 def load_tokens(path: Path) -> Tokens:
-    with np.load(path, allow_pickle=False) as z:   # outputs/ may be shared: data, never a pickle
-        cuts = np.cumsum(z["lengths"])[:-1]
-        ids = np.split(z["ids"].astype(np.int64), cuts)
-        types = np.split(z["types"].astype(np.int64), cuts) if "types" in z else None
-        special = np.split(z["special"], cuts)
-    return ids, types, special
+    z = load_file(str(path))
+    cuts = np.cumsum(z["lengths"])[:-1]
+    ids = np.split(z["ids"].astype(np.int64), cuts)
+    types = np.split(z["types"].astype(np.int64), cuts) if "types" in z else None
+    return ids, types, np.split(z["special"], cuts)

@@ -66,14 +66,15 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def saved_labels_dir(run_dir: str | Path) -> Path:
-    """ssa_labels/: one epoch<N>.npz per SSA-labelled epoch of a run with save_labels: true
+    """ssa_labels/: one epoch<N>.safetensors per SSA-labelled epoch of a run with save_labels: true
     (written by kit.methods.ssa.ssa_labels_epoch through write_saved_labels)."""
     return Path(run_dir) / "ssa_labels"
 
 
 def saved_labels_path(run_dir: str | Path, epoch: int) -> Path:
-    """ssa_labels/epoch<N>.npz: one SSA epoch's set and statistics (reuse_labels_from reads it)."""
-    return saved_labels_dir(run_dir) / f"epoch{epoch}.npz"
+    """ssa_labels/epoch<N>.safetensors: one SSA epoch's set and statistics (reuse_labels_from
+    reads it)."""
+    return saved_labels_dir(run_dir) / f"epoch{epoch}.safetensors"
 
 
 def run_folders(root: str | Path) -> list[Path]:
@@ -169,11 +170,11 @@ def best_checkpoint(run_dir: str | Path) -> Path | None:
 
 def read_saved_epoch(run_dir: str | Path, epoch: int) -> dict | None:
     """One saved SSA epoch, {"epoch_set": Examples' fields, "stats": its LabelStats as a dict};
-    None when the run saved none for it. An epoch<N>.pt of an earlier kit version (a pickle)
-    is refused, never loaded."""
+    None when the run saved none for it. An epoch<N>.pt or .npz of an earlier kit version is
+    refused, never loaded."""
     path = saved_labels_path(run_dir, epoch)
     if not path.exists():
-        _refuse_pickled_labels([path.with_suffix(".pt")])
+        _refuse_older_labels([path.with_suffix(".pt"), path.with_suffix(".npz")])
         return None
     epoch_set, meta = arrays.read_arrays(path)
     if not isinstance(meta, dict) or not isinstance(meta.get("stats"), dict):
@@ -183,11 +184,11 @@ def read_saved_epoch(run_dir: str | Path, epoch: int) -> dict | None:
 
 def saved_label_epochs(run_dir: str | Path) -> list[int]:
     """The epochs the run saved SSA labels for, in order, by their files' names: nothing is
-    read (empty when it saved none). Refuses (arrays.UnsafeFileError) a folder holding .pt labels
-    of an earlier kit version: they are pickles, which run code."""
+    read (empty when it saved none). Refuses (arrays.UnsafeFileError) a folder holding labels of
+    an earlier kit version: .pt (pickles, which run code) or .npz (kit-arrays/1)."""
     folder = saved_labels_dir(run_dir)
-    _refuse_pickled_labels(sorted(folder.glob("epoch*.pt")))
-    return sorted(int(path.stem.removeprefix("epoch")) for path in folder.glob("epoch*.npz")
+    _refuse_older_labels(sorted(folder.glob("epoch*.pt")) + sorted(folder.glob("epoch*.npz")))
+    return sorted(int(path.stem.removeprefix("epoch")) for path in folder.glob("epoch*.safetensors")
                   if path.stem.removeprefix("epoch").isdigit())
 
 
@@ -198,10 +199,13 @@ def read_saved_labels(run_dir: str | Path) -> Iterator[dict]:
         yield read_saved_epoch(run_dir, epoch)
 
 
-def _refuse_pickled_labels(paths: list[Path]) -> None:
-    """One line for the first .pt label file there is: torch.load would unpickle it."""
+def _refuse_older_labels(paths: list[Path]) -> None:
+    """One line for the first label file of an earlier kit version there is: .pt (torch.load
+    would unpickle it) or .npz (kit-arrays/1, before the kit wrote safetensors)."""
     old = [path for path in paths if path.exists()]
     if old:
-        raise arrays.refused(old[0], "SSA labels saved as .pt by an earlier kit version, a pickle",
+        what = ".pt by an earlier kit version, a pickle" if old[0].suffix == ".pt" else (
+            ".npz by an earlier kit version (kit-arrays/1)")
+        raise arrays.refused(old[0], f"SSA labels saved as {what}",
                           hint="; regenerate them: remove that run's folder and rerun it with "
                                "save_labels: true")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from kit.config.run_config import ConfigError
+from kit.train import accelerate_adapter
 
 # CPU features with bf16 matrix instructions (torch.cpu.get_capabilities() names): there a bf16
 # matmul runs ~2.3x the fp32 one (docs/benchmarks.md); elsewhere bf16 is emulated, slower than fp32.
@@ -151,15 +152,15 @@ def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,
     precision = machine_precision(mixed_precision)
     set_tf32(device, mixed_precision)
     limit_threads()
-    _allow_precision_change(precision)
+    accelerate_adapter.reset_precision(precision)
     # multi-task: a batch trains one task's head (and gated stages freeze parameters), so DDP
     # must not wait for gradients that never come
     ddp = DistributedDataParallelKwargs(find_unused_parameters=find_unused_parameters)
     accelerator = Accelerator(mixed_precision=precision, gradient_accumulation_steps=grad_accum,
                               log_with=log_with or None, kwargs_handlers=[ddp],
                               cpu=device == "cpu")
-    if precision == "fp16" and accelerator.device.type == "cpu" and not accelerator.native_amp:
-        _fp16_on_cpu(accelerator)
+    if precision == "fp16" and accelerator.device.type == "cpu":
+        accelerate_adapter.fp16_on_cpu(accelerator)
     return accelerator
 
 
@@ -199,29 +200,6 @@ def set_tf32(device: str, requested: str) -> None:
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = (
             requested == "auto")
-
-
-def _fp16_on_cpu(accelerator) -> None:
-    """accelerate (1.15) takes fp16 on a CPU as no autocast and no loss scaler, yet reports
-    "fp16": the run would be fp32 under an fp16 label. torch has both for the CPU (autocast in
-    float16, GradScaler("cpu")), so switch accelerate's own fp16 path on before prepare(): a CPU
-    then runs the code a T4 runs (autocast, scaled backward, unscale in clip_grad_norm_, the
-    prepared optimizer stepping through the scaler, scaler.pt in save_state). Slow without
-    avx512_fp16 / AMX-FP16 (emulated, like bf16): it is there to be right, not fast."""
-    accelerator.native_amp = True
-    accelerator.scaler = torch.amp.GradScaler("cpu")
-
-
-def _allow_precision_change(precision: str) -> None:
-    """accelerate keeps one precision per process (its AcceleratorState refuses another until
-    reset), so a notebook or test that runs fit in bf16 and then in fp32 would fail. In a single
-    process, forget the old precision; the process state (PartialState) is kept. Models prepared
-    earlier keep the autocast they were wrapped with."""
-    from accelerate.state import AcceleratorState, PartialState
-    state = AcceleratorState._shared_state
-    single = PartialState._shared_state.get("num_processes", 1) == 1
-    if state and single and state.get("_mixed_precision") != precision:
-        AcceleratorState._reset_state()
 
 
 # Linux: writing 5 to clear_refs resets the process's peak resident size (VmHWM) to its current

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from kit.config.rules import precision_name
+from kit.train import accelerate_adapter
 
 
 class CheckpointError(RuntimeError):
@@ -51,8 +52,8 @@ def _differs(written: dict, here: dict) -> list[str]:
 def older_checkpoint(folder: Path, here: dict) -> dict:
     """`hardware` of a checkpoint from before the record, as far as its files tell: one RNG file
     per process, scaler.pt under fp16; its GPU is unknown (left out)."""
-    scaled = (folder / "scaler.pt").exists()
-    return {"device": here["device"], "processes": len(list(folder.glob("random_states_*.pkl"))),
+    scaled = (folder / accelerate_adapter.SCALER_FILE).exists()
+    return {"device": here["device"], "processes": len(accelerate_adapter.rng_files(folder)),
             "precision": "fp16" if scaled else here["precision"] if here["precision"] != "fp16"
             else "bf16 or fp32"}
 
@@ -61,10 +62,9 @@ def gpus_of_rng_file(folder: Path, accelerator) -> dict:
     """{"gpus": n} for a record from before the GPU count, as its RNG file tells (one CUDA state
     per visible GPU), so that another count is a hardware difference, not an RNG failure; {}
     when the file does not tell."""
-    from accelerate.utils import load
     try:
-        states = load(folder / f"random_states_{accelerator.process_index}.pkl")
-        return {"gpus": len(states["torch_cuda_manual_seed"])}
+        states = accelerate_adapter.rng_states(folder, accelerator.process_index)
+        return {"gpus": len(states["cuda"])}
     except Exception:       # noqa: BLE001 - unreadable: check_rngs says so after load_state
         return {}
 
@@ -104,18 +104,17 @@ def check_rngs(folder: Path, accelerator) -> None:
     try that swallows any failure (a missing CUDA state, an unreadable file) with a log line at
     INFO, on the main process only, which nobody sees by default; the run would go on with
     other dropout masks and lose its exact resume without a word. All ranks agree."""
-    from accelerate.utils import load
     try:
-        states = load(folder / f"random_states_{accelerator.process_index}.pkl")
-        numpy_now, numpy_then = np.random.get_state(), states["numpy_random_seed"]
-        same = (random.getstate() == states["random_state"]
+        states = accelerate_adapter.rng_states(folder, accelerator.process_index)
+        numpy_now, numpy_then = np.random.get_state(), states["numpy"]
+        same = (random.getstate() == states["python"]
                 and numpy_now[0] == numpy_then[0] and np.array_equal(numpy_now[1], numpy_then[1])
                 and tuple(numpy_now[2:]) == tuple(numpy_then[2:])
-                and torch.equal(torch.get_rng_state(), states["torch_manual_seed"])
+                and torch.equal(torch.get_rng_state(), states["torch"])
                 and accelerator.step == states.get("step", accelerator.step))
         if same and accelerator.device.type == "cuda":
             same = all(torch.equal(a, b) for a, b in zip(
-                torch.cuda.get_rng_state_all(), states["torch_cuda_manual_seed"], strict=True))
+                torch.cuda.get_rng_state_all(), states["cuda"], strict=True))
     except Exception:       # noqa: BLE001 - unreadable or incomplete: not restored either
         same = False
     if accelerator.num_processes > 1:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from kit.train import loop, run_state
+from kit.train.job import Epoch, Job
 from kit import methods, runs
 from kit.train import metrics as kmetrics
 from kit.models.backbones import load_backbone
@@ -30,8 +31,7 @@ from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask
 from kit.train.pretrain import Pretrain
 from kit.train.accel import planned_steps
-from kit.train.run_state import CheckpointError  # noqa: F401 (public)
-from kit.runs import RunLocked, RunPreempted, finished_metrics, run_dir_of  # noqa: F401 (public)
+from kit.runs import RunPreempted
 from kit.train.preemption import PREEMPTED_EXIT
 from kit.methods.ssa import SSASettings
 from kit.methods.epochs import build_epoch
@@ -46,7 +46,7 @@ def fit(cfg: RunConfig) -> dict:
     return loop.recorded(cfg, job)
 
 
-class SingleTask(loop.Job):
+class SingleTask(Job):
     """One task, any single-task method: the epoch's examples come from
     kit.methods.epochs.build_epoch."""
 
@@ -78,7 +78,7 @@ class SingleTask(loop.Job):
         self.planned_steps = planned_steps(cfg.epochs, len(self.train), cfg.batch_size,
                                            cfg.grad_accum)
 
-    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
+    def epoch(self, epoch: int, probe, unwrapped) -> Epoch:
         cfg, task = self.cfg, self.tasks[0]
         epoch_set, stats = build_epoch(self.train, self.ssa, epoch,
                                        lambda ex: loop.to_predictions(probe(ex), task.regression),
@@ -87,7 +87,7 @@ class SingleTask(loop.Job):
         rng = np.random.default_rng([cfg.seed, epoch])
         batches = (length_grouped_batches(epoch_set.lengths, cfg.batch_size, rng)
                    if cfg.group_by_length else random_batches(len(epoch_set), cfg.batch_size, rng))
-        return loop.Epoch([epoch_set], [(0, rows) for rows in batches], stats)
+        return Epoch([epoch_set], [(0, rows) for rows in batches], stats)
 
     def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -102,7 +102,7 @@ class SingleTask(loop.Job):
         return (kmetrics.evaluate_splits(task, results),
                 kmetrics.three_subset_stats(task, *results[task.dev_splits[0]]), results)
 
-    def record(self, epoch: int, work: loop.Epoch, history: list, epoch_losses: list) -> dict:
+    def record(self, epoch: int, work: Epoch, history: list, epoch_losses: list) -> dict:
         return {"train_loss": history[-1]["loss"]}
 
     def write_dev(self, run_dir: Path, results: dict, suffix: str = "") -> None:

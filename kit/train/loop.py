@@ -39,9 +39,8 @@ from kit.train.optim import (LinearSchedule, merged_groups, parameter_groups,
 from kit.config.paths import kit_commit
 from kit.train.provenance import environment, points_per_device
 from kit.train.step import FORWARD, predict_logits, shard, static_shape, to_device, train_step
-from kit.train.window import (LossWindow, NonFiniteLoss, check_finite, history_row,  # noqa: F401
-                              refuse_non_finite)
-from kit.train.job import Epoch, Job  # noqa: F401 (kit.train.loop.Job: what a job subclasses)
+from kit.train.window import LossWindow, check_finite, history_row, refuse_non_finite
+from kit.train.job import Epoch, Job
 
 
 # ---------------------------------------------------------------- the loop

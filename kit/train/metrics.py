@@ -4,14 +4,14 @@ Everything here works on plain arrays of predictions and labels, so the training
 report share one definition of every number. Metric values are fractions (0.843, not 84.3);
 tables multiply by 100. The significance tests over seeds are in kit.results.frame.stats.
 
-numpy only, on purpose: every kernel (one per batch, kit.cluster.kernels) imports this module; its former
-sklearn.metrics + scipy.stats imports were 0.9-1.0 s of a 2.7-2.9 s `import kit.train.finetune`
-(`python -X importtime`, shared loaded 2-core machine; CPU time of `import kit.train.finetune,
-kit.results.views.views` 2.4 s -> 1.7 s without them). Each metric repeats the float operations of
-the sklearn / scipy function it replaced, in the same order, so the numbers are the same to the last
-bit (tests/test_metrics.py compares them with == on random inputs).
+The metrics are sklearn.metrics' and scipy.stats', imported where first computed, not at import
+time: every kernel (one per batch, kit.cluster.kernels) imports this module, and the two imports
+were 0.9-1.0 s of a 2.7-2.9 s `import kit.train.finetune` (`python -X importtime`, shared loaded
+2-core machine). A run pays them once, at its first evaluation.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -33,114 +33,48 @@ def _as_1d(values, what: str) -> np.ndarray:
     return arr
 
 
-def _class_ids(values: np.ndarray, what: str) -> np.ndarray:
-    """Refuse what sklearn refused as "continuous": float class ids that are not whole numbers
-    (or NaN / inf), e.g. regression outputs fed to a classification task."""
-    if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
-        raise ValueError(f"{what} of a classification task must be class ids, got fractions")
-    return values
-
-
-def _confusion(gold: np.ndarray, preds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(classes, C): the classes present in either array, sorted, and C[i, j] = how many
-    examples of class i were predicted as class j (sklearn's confusion_matrix)."""
-    classes, codes = np.unique(np.concatenate([gold, preds]), return_inverse=True)
-    k = len(classes)
-    flat = codes[:len(gold)] * k + codes[len(gold):]
-    return classes, np.bincount(flat, minlength=k * k).reshape(k, k)
-
-
-def _f1_per_class(confusion: np.ndarray) -> np.ndarray:
-    """F1 of every class, 2 tp / (2 tp + fp + fn) as sklearn writes it (2.0 * tp / (true + pred));
-    0.0 for a class neither true nor predicted (sklearn's zero_division=0: a run that never
-    predicts class 1 has F1 0, not a warning)."""
-    tp = np.diag(confusion).astype(np.float64)
-    denominator = confusion.sum(axis=1) + confusion.sum(axis=0)     # (tp + fn) + (tp + fp)
-    return np.divide(2.0 * tp, denominator, out=np.zeros_like(tp), where=denominator > 0)
-
-
 def accuracy(gold, preds) -> float:
-    """Share of exact matches (sklearn's accuracy_score: the mean of gold == preds)."""
-    return float(np.mean(gold == preds))
+    from sklearn.metrics import accuracy_score
+    return float(accuracy_score(gold, preds))
 
 
 def binary_f1(gold, preds) -> float:
-    """F1 of class 1. Like sklearn's average="binary", an error when the classes present are
-    not a subset of two that include 1 (class ids from a multi-class head)."""
-    classes, confusion = _confusion(gold, preds)
-    if len(classes) > 2 or (len(classes) == 2 and 1 not in classes):
-        raise ValueError(f"binary F1 needs class ids 0 / 1, got {classes.tolist()}")
-    if 1 not in classes:
-        return 0.0                            # no class 1 anywhere: 0 / 0, zero_division=0
-    return float(_f1_per_class(confusion)[np.flatnonzero(classes == 1)[0]])
+    """F1 of class 1; 0.0, not a warning, for a run that never predicts it (zero_division=0)."""
+    from sklearn.metrics import f1_score
+    return float(f1_score(gold, preds, pos_label=1, average="binary", zero_division=0))
 
 
 def macro_f1(gold, preds) -> float:
-    """Unweighted mean of the per-class F1 over the classes present in gold or predictions."""
-    return float(np.mean(_f1_per_class(_confusion(gold, preds)[1])))
+    from sklearn.metrics import f1_score
+    return float(f1_score(gold, preds, average="macro", zero_division=0))
 
 
 def mcc(gold, preds) -> float:
-    """Matthews correlation, the multi-class form from the confusion matrix (sklearn's
-    matthews_corrcoef step by step); 0.0 when degenerate (one class in gold or predictions)."""
-    confusion = _confusion(gold, preds)[1]
-    t_sum = confusion.sum(axis=1, dtype=np.float64)
-    p_sum = confusion.sum(axis=0, dtype=np.float64)
-    n_correct = np.trace(confusion, dtype=np.float64)
-    n_samples = p_sum.sum()
-    cov_ytyp = n_correct * n_samples - np.dot(t_sum, p_sum)
-    cov_ypyp = n_samples**2 - np.dot(p_sum, p_sum)
-    cov_ytyt = n_samples**2 - np.dot(t_sum, t_sum)
-    cov_ypyp_ytyt = cov_ypyp * cov_ytyt
-    return 0.0 if cov_ypyp_ytyt == 0 else float(cov_ytyp / np.sqrt(cov_ypyp_ytyt))
+    """Matthews correlation; 0.0 when degenerate (one class in gold or predictions)."""
+    from sklearn.metrics import matthews_corrcoef
+    with warnings.catch_warnings():       # one class in all: sklearn warns, then returns 0.0
+        warnings.filterwarnings("ignore", "A single label was found", UserWarning)
+        return float(matthews_corrcoef(gold, preds))
 
 
 def mse(gold, preds) -> float:
-    """Mean squared error; NaN or inf in either array is an error, as sklearn's input check."""
-    if not (np.isfinite(gold).all() and np.isfinite(preds).all()):
-        raise ValueError("mse: predictions or labels contain NaN or infinity")
-    return float(np.mean((gold - preds) ** 2))
-
-
-def _constant(values: np.ndarray) -> bool:
-    return bool(np.all(values == values[0]))
+    """Mean squared error; NaN or inf in either array is an error (sklearn's input check)."""
+    from sklearn.metrics import mean_squared_error
+    return float(mean_squared_error(gold, preds))
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson's r as scipy.stats.pearsonr computes it (1.17): centre, scale each side by its
-    largest |deviation| before the norm (no premature overflow), dot the unit vectors, clip to
-    [-1, 1], round n = 2 to exactly +-1. NaN for a constant side, as scipy (`_correlation` turns
-    it into 0.0)."""
-    if _constant(x) or _constant(y):
-        return float("nan")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        xm, ym = x - np.mean(x, keepdims=True), y - np.mean(y, keepdims=True)
-        xmax, ymax = np.max(np.abs(xm), keepdims=True), np.max(np.abs(ym), keepdims=True)
-        normxm = xmax * np.linalg.norm(xm / xmax, ord=2, axis=-1, keepdims=True)
-        normym = ymax * np.linalg.norm(ym / ymax, ord=2, axis=-1, keepdims=True)
-        # np.dot: the BLAS dot scipy's np.vecdot calls for 1-D float64 (numpy 1.x has no vecdot)
-        r = np.clip(np.dot(xm / normxm, ym / normym), -1.0, 1.0)
-    return float(np.round(r) if len(x) == 2 else r)
-
-
-def average_ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties sharing the mean of their ranks (scipy.stats.rankdata, "average")."""
-    order = np.argsort(values, kind="mergesort")
-    ordered = values[order]
-    new = np.r_[True, ordered[1:] != ordered[:-1]]
-    dense = np.empty(len(values), dtype=np.intp)
-    dense[order] = np.cumsum(new)
-    count = np.r_[np.flatnonzero(new), len(new)]
-    return 0.5 * (count[dense] + count[dense - 1] + 1)
+    from scipy.stats import pearsonr
+    with warnings.catch_warnings():       # constant / near-constant sides: see _correlation
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(pearsonr(x, y)[0])
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rho as scipy.stats.spearmanr computes it: np.corrcoef of the two columns of
-    average ranks. NaN when a side is constant or holds a NaN, as scipy."""
-    if len(x) < 2 or _constant(x) or _constant(y) or np.isnan(x).any() or np.isnan(y).any():
-        return float("nan")
-    ranked = np.column_stack([average_ranks(x), average_ranks(y)])
-    return float(np.corrcoef(ranked, rowvar=False)[1, 0])
+    from scipy.stats import spearmanr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(spearmanr(x, y)[0])
 
 
 def _correlation(fn, predictions: np.ndarray, labels: np.ndarray) -> float:
@@ -181,8 +115,6 @@ def compute_metrics(task: Task, predictions, labels) -> dict[str, float]:
         raise ValueError(f"{task.name}: {len(preds)} predictions for {len(gold)} labels")
     if task.regression:
         preds, gold = preds.astype(np.float64), gold.astype(np.float64)
-    else:
-        preds, gold = _class_ids(preds, "predictions"), _class_ids(gold, "labels")
     compute = {
         "accuracy": lambda: accuracy(gold, preds),
         "f1": lambda: binary_f1(gold, preds),

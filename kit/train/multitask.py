@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from kit.train import loop, run_state
+from kit.train.job import Epoch, Job
 from kit import methods, runs
 from kit.train import metrics as kmetrics
 from kit.train import progress as kprogress
@@ -140,7 +141,7 @@ def _task_config(cfg: RunConfig, name: str) -> RunConfig:
     return replace(cfg, task=name, method="bert", tasks=())
 
 
-class MultiTask(loop.Job):
+class MultiTask(Job):
     """Several tasks, one head each (EmBERT / Gated-BERT); batches of one task at a time, the
     task of each batch sampled by TaskMixer; gated stages switch per epoch."""
     find_unused_parameters = True
@@ -177,8 +178,8 @@ class MultiTask(loop.Job):
         self.stage = apply_stage(unwrapped, epoch, self.cfg.gate_start_epoch,
                                  self.cfg.freeze_qkv_epoch, self.trainable)
 
-    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
-        return loop.Epoch(self.train, self.mixer.epoch(epoch))
+    def epoch(self, epoch: int, probe, unwrapped) -> Epoch:
+        return Epoch(self.train, self.mixer.epoch(epoch))
 
     def loss_terms(self, model, batch: dict, task: int) -> dict:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -200,7 +201,7 @@ class MultiTask(loop.Job):
         score = float(np.mean([m["score"] for m in per_task.values()]))
         return {**per_task, "score": score}, three, results
 
-    def record(self, epoch: int, work: loop.Epoch, history: list, epoch_losses: list) -> dict:
+    def record(self, epoch: int, work: Epoch, history: list, epoch_losses: list) -> dict:
         counts = np.bincount([t for t, _ in work.plan], minlength=len(self.tasks))
         return {"train_loss": float(np.mean([v for vs in epoch_losses for v in vs])),
                 "train_loss_per_task": {n: float(np.mean(v)) if v else None

@@ -24,6 +24,7 @@ from torch import nn
 
 from kit.data import hub
 from kit.train import loop, run_state
+from kit.train.job import Epoch, Job
 from kit import io as kio
 from kit.train import progress as kprogress
 from kit.train.accel import process_state
@@ -149,7 +150,7 @@ def masked_loss(logits: torch.Tensor, labels: torch.Tensor,
     return total, torch.tensor(float(len(masked)), device=logits.device)
 
 
-class Pretrain(loop.Job):
+class Pretrain(Job):
     """Masked-LM training on a task's text; dev metrics {mlm_loss, perplexity, score=-mlm_loss}
     of the held-out text; `adapted_dir` gets the best epoch's model after training."""
     # a row of weight 0 would be masked and weighed like any other: lengths are bucketed, rows
@@ -188,12 +189,12 @@ class Pretrain(loop.Job):
     def begin(self, epoch: int, unwrapped) -> None:
         self.epoch_index = epoch                 # masks of this epoch's batches follow it
 
-    def epoch(self, epoch: int, probe, unwrapped) -> loop.Epoch:
+    def epoch(self, epoch: int, probe, unwrapped) -> Epoch:
         cfg = self.cfg
         rng = np.random.default_rng([cfg.seed, epoch])
         batches = (length_grouped_batches(self.train.lengths, cfg.batch_size, rng)
                    if cfg.group_by_length else random_batches(len(self.train), cfg.batch_size, rng))
-        return loop.Epoch([self.train], [(0, rows) for rows in batches])
+        return Epoch([self.train], [(0, rows) for rows in batches])
 
     def on_host(self, batch: dict, task: int) -> dict:
         """Masked on the host before the copy (transformers' collator), seeded by (seed, epoch,
@@ -218,7 +219,7 @@ class Pretrain(loop.Job):
                             self.stop)
         return {"mlm_loss": loss, "perplexity": math.exp(min(loss, 700.0)), "score": -loss}, {}, {}
 
-    def record(self, epoch: int, work: loop.Epoch, history: list, epoch_losses: list) -> dict:
+    def record(self, epoch: int, work: Epoch, history: list, epoch_losses: list) -> dict:
         # the mean of the epoch's logging windows: masking makes single windows noisy
         return {"train_loss": float(np.mean(epoch_losses[0]))}
 

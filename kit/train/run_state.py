@@ -22,7 +22,6 @@ metrics.json, since the resumed run is no longer bit for bit the uninterrupted o
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ from kit import io as kio
 import kit.runs.arrays as arrays
 from kit.data.pipeline import Examples
 from kit.runs import checkpoint_dir, read_json, write_history
+from kit.train import accelerate_adapter
 from kit.train import checkpoint_hardware as khw
 from kit.train.checkpoint_hardware import CheckpointError
 
@@ -84,7 +84,8 @@ def save_checkpoints(accelerator, model, tokenizer, run_dir: Path, improved: boo
     The epoch's own examples are no longer needed once it is over."""
     folder = checkpoint_dir(run_dir)
     if improved and accelerator.is_main_process:
-        _swap_in(lambda tmp: save(model, tokenizer, tmp), folder / "best")
+        with kio.atomic_dir(folder / "best") as tmp:
+            save(model, tokenizer, tmp)
     save_last(accelerator, run_dir, progress)
     if accelerator.is_main_process:
         for old in folder.glob("epoch*"):
@@ -99,8 +100,8 @@ def save_mid_epoch(accelerator, run_dir: Path, progress: Progress, work: EpochWo
     if accelerator.is_main_process and not folder.is_dir():
         with kio.atomic_dir(folder) as tmp:
             for k, examples in enumerate(work.sets):
-                arrays.write_arrays(tmp / f"set{k}.npz", vars(examples), {})
-            arrays.write_arrays(tmp / "plan.npz",
+                arrays.write_arrays(tmp / f"set{k}.safetensors", vars(examples), {})
+            arrays.write_arrays(tmp / "plan.safetensors",
                              {"task": np.array([t for t, _ in work.plan], dtype=np.int64),
                               "rows": [np.asarray(r, dtype=np.int64) for _, r in work.plan]},
                              {"epoch": epoch, "sets": len(work.sets),
@@ -137,7 +138,8 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     if main:
         progress.written_on = khw.hardware(accelerator)
         kio.write_json(tmp / PROGRESS, asdict(progress))
-        _swap_in(None, checkpoint_dir(run_dir) / "last")
+        last = checkpoint_dir(run_dir) / "last"     # .old: what resume reads after a kill
+        kio.swap_in(tmp, last, last.with_name("last.old"))
     accelerator.wait_for_everyone()        # the other ranks may read the checkpoint next
 
 
@@ -160,7 +162,7 @@ def resume(accelerator, run_dir: Path, progress: Progress,
     if accelerator.is_main_process:
         clean_stale(run_dir)
     last = checkpoint_dir(run_dir) / "last"
-    # a kill between the two renames of _swap_in leaves only the previous copy, as .old
+    # a kill between the two renames of kio.swap_in leaves only the previous copy, as .old
     folder = next((f for f in (last, last.with_name("last.old")) if f.is_dir()), None)
     if folder is None:
         return None
@@ -175,15 +177,12 @@ def resume(accelerator, run_dir: Path, progress: Progress,
         if "gpus" in here and "gpus" not in written:
             written = {**written, **khw.gpus_of_rng_file(folder, accelerator)}
         note = khw.compare(folder, written, here, other_hardware, khw.requeued())
-        scaler = accelerator.scaler
-        if not (folder / "scaler.pt").exists():   # fp16 here, not there: a fresh loss scale
-            accelerator.scaler = None
         hook = (accelerator.register_load_state_pre_hook(_weights_of_any_wrapper(accelerator))
                 if written["processes"] != here["processes"] else None)
         try:
-            accelerator.load_state(str(folder))
+            with accelerate_adapter.scaler_set_aside(accelerator, folder):
+                accelerator.load_state(str(folder))
         finally:
-            accelerator.scaler = scaler
             if hook is not None:
                 hook.remove()
         progress.load(state)
@@ -212,7 +211,7 @@ def _weights_of_any_wrapper(accelerator):
 
     def hook(models: list, input_dir: str) -> None:
         for i, model in enumerate(models):
-            file = Path(input_dir) / (f"model_{i}.safetensors" if i else "model.safetensors")
+            file = accelerate_adapter.model_file(input_dir, i)
             target = accelerator.unwrap_model(model)
             with safe_open(str(file), "pt") as f:
                 if next(iter(f.keys()), "").startswith("module."):
@@ -226,29 +225,11 @@ def _weights_of_any_wrapper(accelerator):
 def load_epoch(run_dir: Path, epoch: int) -> EpochWork:
     """The examples and plan `save_mid_epoch` kept of `epoch`."""
     folder = epoch_dir(run_dir, epoch)
-    plan, meta = arrays.read_arrays(folder / "plan.npz")
-    sets = [Examples(**arrays.read_arrays(folder / f"set{k}.npz")[0]) for k in range(meta["sets"])]
+    plan, meta = arrays.read_arrays(folder / "plan.safetensors")
+    sets = [Examples(**arrays.read_arrays(folder / f"set{k}.safetensors")[0])
+            for k in range(meta["sets"])]
     return EpochWork(sets, [(int(t), rows.tolist()) for t, rows in zip(plan["task"], plan["rows"])],
                      meta["label_stats"])
-
-
-def _swap_in(write, folder: Path) -> None:
-    """Swap `folder.tmp` in as `folder` (after `write(tmp)` made it, if given), keeping the old
-    copy as `folder.old` until the new one is in place. The new files reach the disk before the
-    renames, and the renames before the old copy goes: after a crash the folder is the old
-    checkpoint or the new one, never a name over data that was still in memory."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    old = folder.with_name(folder.name + ".old")
-    if write is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        write(tmp)
-    kio.fsync_tree(tmp)
-    if folder.exists():                    # else .old may be the only complete copy
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(folder, old)
-    os.rename(tmp, folder)
-    kio.fsync(folder.parent, folder=True)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # what a killed run may leave in checkpoint/: half-written copies (`last.tmp`, `best.tmp`, and

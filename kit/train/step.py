@@ -89,7 +89,7 @@ def to_device(batch: dict, device, keys=None) -> dict:
 # ---------------------------------------------------------------- the inference pass
 
 @torch.inference_mode()
-def predict_logits(model, examples: Examples, batch_size: int, pad_id: int, accelerator,
+def predict_logits(model, examples: Examples, batch_size: int, pad_id: int, accelerator=None,
                    desc: str = "eval", stop=None, shape: StaticShape | None = None,
                    keys=FORWARD) -> np.ndarray:
     """Logits for every row, in row order. Eval mode (no dropout); longest batches first; with
@@ -98,22 +98,24 @@ def predict_logits(model, examples: Examples, batch_size: int, pad_id: int, acce
     each is comes from the host's own batches (`gathered_rows`), never from the device.
     `shape`: the static shapes of training (its rows: this pass's batch, per process). `stop`
     (kit.train.preemption.Stop): a signal ends the pass between two batches with
-    preemption.Interrupted, so a stop waits for one batch, not for the whole dev set."""
+    preemption.Interrupted, so a stop waits for one batch, not for the whole dev set.
+    `accelerator` None (kit.predict): one process on the model's device, no progress bar."""
     was_training = model.training
     model.eval()
-    n = accelerator.num_processes
+    n, rank = (accelerator.num_processes, accelerator.process_index) if accelerator else (1, 0)
+    device = accelerator.device if accelerator else next(model.parameters()).device
     per_rank = -(-batch_size // n)
     if shape is not None:
         shape = StaticShape(shape.max_length, per_rank, shape.step)
     order, logits = [], []
     bar = kprogress.bar(sorted_batches(examples.lengths, batch_size), desc=desc,
-                        disable=not accelerator.is_local_main_process)
+                        disable=not (accelerator and accelerator.is_local_main_process))
     try:
         for idx in bar:
             if stop is not None:
                 stop.between_batches(accelerator)
-            batch = to_device(collate(examples, shard(idx, accelerator), pad_id, shape),
-                              accelerator.device, keys)
+            batch = to_device(collate(examples, shard_of(idx, rank, n), pad_id, shape), device,
+                              keys)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         special_mask=batch.get("special_mask"),
                         token_type_ids=batch.get("token_type_ids"))

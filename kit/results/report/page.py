@@ -20,27 +20,21 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import html
 import logging
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-# nbformat's validator would build rfc3987_syntax's grammars (3 s on a small CPU) for format
-# checks no notebook here needs: done without, as kit.cluster.kernels does for the batch
-sys.modules.setdefault("rfc3987_syntax", None)
+import jinja2
+import nbformat
 
-import jinja2  # noqa: E402
-import nbformat  # noqa: E402
-
-from kit import io as kio  # noqa: E402
-from kit import runs  # noqa: E402
-from kit.config.paths import PROJECT, outputs_root  # noqa: E402
-from kit.config.profiles import Profile, load_profile  # noqa: E402
-from kit.results.report import page_header  # noqa: E402
-from kit.results.views import token_html  # noqa: E402
-from kit.results.views.notebook_defaults import PROFILE_NOTEBOOKS  # noqa: E402
+from kit import io as kio
+from kit import runs
+from kit.config.paths import PROJECT, outputs_root
+from kit.config.profiles import Profile, load_profile
+from kit.results.report import page_header
+from kit.results.views import token_html
+from kit.results.views.notebook_defaults import PROFILE_NOTEBOOKS
 
 Execute = Callable[[Path, Path, dict], None]
 
@@ -52,14 +46,8 @@ FIGURE_NOTEBOOKS = {"label-quality": "label_quality", "gamma": "gamma", "cost": 
 FIXED_TASK = {"label_quality": "synthetic"}
 TASK_NOTEBOOKS = ("label_quality", "gamma", "cost", "case_study")    # those with a `task`
 
-# nbconvert's lab template without what it would fetch: require.js, MathJax and mermaid from a
-# CDN, the widgets' manager; its CSS is inlined already
-TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-"""
+# kit/results/templates: the index of reports and nbconvert's lab template (autoescaped)
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("kit.results"), autoescape=True)
 # what a browser would fetch from another host: a src, a <link href>, a CSS url() or @import
 REMOTE = re.compile(r"""\bsrc\s*=\s*["']?\s*(?:[a-z]+:)?//|<link\b[^>]*\bhref\s*=\s*["']?\s*"""
                     r"""(?:[a-z]+:)?//|url\(\s*["']?\s*(?:[a-z]+:)?//|@import\s+(?:url\()?["']?"""
@@ -167,13 +155,14 @@ def one_line(err: BaseException) -> str:
 
 @functools.cache
 def exporter(exclude_input: bool):
-    """nbconvert's HTML exporter with TEMPLATE (made once: it reads the template and its CSS)."""
+    """nbconvert's HTML exporter with kit/results/templates/kit_lab.html.j2, its lab template
+    without what it would fetch (made once: it reads the template and its CSS)."""
     from nbconvert import HTMLExporter
     # its warnings (a figure without alt text) are not the batch's business
     quiet = logging.getLogger("kit.results.report.page.nbconvert")
     quiet.setLevel(logging.ERROR)
-    return HTMLExporter(extra_loaders=[jinja2.DictLoader({"kit.html.j2": TEMPLATE})],
-                        template_file="kit.html.j2", exclude_input=exclude_input,
+    return HTMLExporter(extra_loaders=[TEMPLATES.loader], template_file="kit_lab.html.j2",
+                        exclude_input=exclude_input,
                         exclude_output_prompt=exclude_input, log=quiet)
 
 
@@ -203,7 +192,7 @@ def render_runs(grid: list[page_header.GridRun], folder: Path) -> dict[str, str]
             page = render([nb], title=run.run_id, exclude_input=False)
             check_local(page, target)
             kio.write_text(target, page)
-        links[run.run_id] = html.escape(target.relative_to(folder).as_posix())
+        links[run.run_id] = target.relative_to(folder).as_posix()
     return links
 
 
@@ -221,28 +210,14 @@ def check_local(page: str, path: Path) -> None:
 def write_index(outputs_dir: str | Path) -> Path:
     """outputs/reports/index.html: every profile's report present, newest first."""
     root = reports_root(outputs_dir)
-    rows = []
+    reports = []
     for page in sorted(root.glob("*/index.html"), key=lambda p: -p.stat().st_mtime):
         try:
             summary = runs.read_json(page.parent / "summary.json")
         except (OSError, ValueError):
             summary = {}
-        rows.append(f"<tr><td><a href=\"{html.escape(page.parent.name)}/index.html\">"
-                    f"{html.escape(page.parent.name)}</a></td>"
-                    f"<td>{html.escape(str(summary.get('built', '')))}</td>"
-                    f"<td>{html.escape(str(summary.get('counts', '')))}</td></tr>")
-    text = INDEX.format(rows="\n".join(rows) or "<tr><td colspan=3>no reports yet</td></tr>")
+        reports.append({"name": page.parent.name, "built": summary.get("built", ""),
+                        "counts": summary.get("counts", "")})
+    text = TEMPLATES.get_template("kit_index.html.j2").render(reports=reports)
     kio.write_text(root / "index.html", text)
     return root / "index.html"
-
-
-INDEX = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ssa-kit reports</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em}}td,th{{padding:.2em .8em;
-text-align:left}}</style></head>
-<body><h1>ssa-kit reports</h1>
-<p>One page per profile (rebuild one: <code>./run_all.sh report PROFILE</code>).</p>
-<table><tr><th>profile</th><th>built</th><th>runs</th></tr>
-{rows}
-</table></body></html>
-"""

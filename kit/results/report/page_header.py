@@ -8,12 +8,13 @@ one kit.batch prints and writes first) and every grid point with a link to its r
 from __future__ import annotations
 
 import datetime
-import html
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import pandas as pd
+from markupsafe import Markup
 
 from kit import runs
 from kit.config.profiles import Profile, read_spec
@@ -71,13 +72,10 @@ def header(profile: Profile, grid: list[GridRun], links: dict[str, str],
     facts["this batch"] = (", ".join(f"{n} {s}" for s, n in counts.items()
                                      if n or s in ("ok", "skipped", "failed", "absent"))
                            if counts is not None else "none: rebuilt from the runs present")
-    parts = [STYLE, f"<h1>{html.escape(profile.name)}: results</h1>",
-             _description(profile), _facts(facts),
-             _warnings(warnings(grid, table, failures))]
-    if table is not None:
-        parts.append(_table_html(profile, title, table))
-    parts.append(_runs_html(grid, links))
-    body = '<div class="kit-header jp-RenderedHTMLCommon">\n' + "\n".join(parts) + "\n</div>"
+    body = HEADER.render(profile=profile.name, description=_description(profile), facts=facts,
+                         warnings=warnings(grid, table, failures),
+                         table=None if table is None else _table(profile, title, table),
+                         runs=[_run(run, links.get(run.run_id)) for run in grid])
     return body, {"profile": profile.name, "built": built, "counts": statuses}
 
 
@@ -202,15 +200,9 @@ def warnings(grid: list[GridRun], table: pd.DataFrame | None, failures: list[str
 
 # ---------------------------------------------------------------- HTML
 
-STYLE = """<style>
-.kit-header { margin: 1em 0 2em; padding: 0 var(--jp-notebook-padding, 10px); }
-.kit-header.jp-RenderedHTMLCommon table { margin-left: 0; }
-.kit-header.jp-RenderedHTMLCommon td, .kit-header.jp-RenderedHTMLCommon th { text-align: left; }
-.kit-header .kit-warnings { border-left: 4px solid #d08000; background: #fff7e6;
-  padding: .3em 1em; margin: 1em 0; }
-.kit-header .kit-ok { color: #1a7f37; } .kit-header .kit-bad { color: #b42318; }
-.kit-header details summary { cursor: pointer; font-weight: bold; margin: 1em 0 .5em; }
-</style>"""
+# kit/results/templates/kit_header.html.j2, autoescaped: no value needs escaping by hand
+HEADER = jinja2.Environment(loader=jinja2.PackageLoader("kit.results"),
+                            autoescape=True).get_template("kit_header.html.j2")
 
 
 def _shown_path(path: Path) -> str:
@@ -221,21 +213,7 @@ def _shown_path(path: Path) -> str:
 
 
 def _description(profile: Profile) -> str:
-    text = str(read_spec(profile.path).get("description") or "").strip()
-    return f'<p class="kit-description">{html.escape(text)}</p>' if text else ""
-
-
-def _facts(facts: dict[str, str]) -> str:
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                   for k, v in facts.items())
-    return f'<table class="kit-facts" id="kit-facts">{rows}</table>'
-
-
-def _warnings(lines: list[str]) -> str:
-    if not lines:
-        return '<p class="kit-ok" id="kit-warnings">No warnings.</p>'
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    return f'<div class="kit-warnings" id="kit-warnings"><b>Warnings</b><ul>{items}</ul></div>'
+    return str(read_spec(profile.path).get("description") or "").strip()
 
 
 def _cell(value) -> str:
@@ -246,35 +224,19 @@ def _cell(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _table_html(profile: Profile, title: str, table: pd.DataFrame) -> str:
+def _table(profile: Profile, title: str, table: pd.DataFrame) -> dict:
+    """The main table for the template: pandas' HTML (escaped by pandas), its caption and CSV."""
     named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
-    csv = f"{writers.table_stem(profile.name, title)}.csv"
     text = named.map(_cell).rename(columns=str)
-    caption = table.attrs.get("caption", "")
-    return (f"<h2>{html.escape(title)}</h2>\n"
-            + text.to_html(index=False, table_id="kit-main-table", escape=True, border=0)
-            + f"\n<p><small>{html.escape(caption)} The same table: outputs/tables/"
-              f"<code id=\"kit-main-csv\">{html.escape(csv)}</code>.</small></p>")
+    return {"title": title, "caption": table.attrs.get("caption", ""),
+            "csv": f"{writers.table_stem(profile.name, title)}.csv",
+            "html": Markup(text.to_html(index=False, table_id="kit-main-table", escape=True,
+                                        border=0))}
 
 
-def _runs_html(grid: list[GridRun], links: dict[str, str]) -> str:
-    """Every grid point: its run id (a link to its executed notebook when it has one), what it
-    ran, its status, its best dev score and its error."""
-    rows = []
-    for run in grid:
-        link = links.get(run.run_id)
-        name = (f'<a href="{link}">{html.escape(run.run_id)}</a>' if link
-                else html.escape(run.run_id))
-        score = ((run.metrics or {}).get("best_dev") or {}).get("score")
-        css = "kit-ok" if run.status == "ok" else "kit-bad"
-        cells = [name] + [html.escape(str(run.point.get(k, ""))) for k in
-                          ("task", "method", "seed", "model")]
-        cells += [f'<span class="{css}">{html.escape(run.status)}</span>',
-                  "" if score is None else f"{score:.4f}", html.escape(run.error)]
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    head = "".join(f"<th>{h}</th>" for h in
-                   ("run (its notebook)", "task", "method", "seed", "model", "status",
-                    "best dev score", "error"))
-    opened = " open" if len(grid) <= 40 else ""
-    return (f"<details{opened}><summary>Runs ({len(grid)} grid points)</summary>"
-            f'<table id="kit-runs"><tr>{head}</tr>{"".join(rows)}</table></details>')
+def _run(run: GridRun, link: str | None) -> dict:
+    """A grid point's row: its run id (a link to its executed notebook when it has one), what
+    it ran, its status, its best dev score and its error."""
+    score = ((run.metrics or {}).get("best_dev") or {}).get("score")
+    return {"run_id": run.run_id, "link": link, "point": run.point, "status": run.status,
+            "score": "" if score is None else f"{score:.4f}", "error": run.error}

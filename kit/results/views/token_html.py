@@ -17,13 +17,14 @@ backgrounds whatever the notebook's theme, so a notebook and the report page sho
 """
 from __future__ import annotations
 
-import html
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import jinja2
 import numpy as np
 import pandas as pd
+from markupsafe import Markup
 
 from kit import methods, runs
 from kit.config.tasks import Split, get_task
@@ -43,6 +44,10 @@ BOX = ("font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:14px
        "background:#ffffff;color:#111111;padding:8px 10px;margin:6px 0;"
        "border:1px solid #dddddd;border-radius:4px")
 CELL = "text-align:left;vertical-align:top;padding:2px 10px 2px 0;border:none;color:#111111"
+STYLES = {"BOX": BOX, "CELL": CELL, "TEXT": TEXT, "FAINT": FAINT, "CUE": CUE}
+# kit/results/templates/kit_tokens.html.j2's macros (view, note, section), autoescaped
+TOKENS = jinja2.Environment(loader=jinja2.PackageLoader("kit.results"),
+                            autoescape=True).get_template("kit_tokens.html.j2").module
 
 
 @dataclass
@@ -58,7 +63,7 @@ class TokenView:
     @property
     def html(self) -> str:
         if self.note:
-            return f'<div class="ssa-tokens-note" style="{BOX}">{html.escape(self.note)}</div>'
+            return str(TOKENS.note(STYLES, self.note))
         return render(self.frame, self.by, self.title)
 
     def _repr_html_(self) -> str:
@@ -240,59 +245,42 @@ def _tip(by: str, value: float, cue: float) -> str:
     return shown + ("; true cue word" if cue == 1 else "")
 
 
-def _piece(token: str, by: str, value: float, cue: float) -> str:
-    faint = by == "labels" and np.isnan(value)
-    style = (f"display:inline-block;padding:0 3px;margin:1px;border-radius:3px;"
-             f"background-color:{colour(by, value)};color:{FAINT if faint else TEXT};"
-             f"border-bottom:{CUE if cue == 1 else '3px solid transparent'}")
-    return (f'<span style="{style}" title="{html.escape(_tip(by, value, cue))}">'
-            f"{html.escape(token)}</span>")
+def _piece(row, by: str, pair: bool) -> dict:
+    """A word-piece for the template: its colours, underline (a true cue word) and tooltip;
+    `pair`: the second text of a pair starts here."""
+    faint = by == "labels" and np.isnan(row.value)
+    return {"token": row.token, "background": colour(by, row.value), "pair": pair,
+            "colour": FAINT if faint else TEXT, "tip": _tip(by, row.value, row.cue),
+            "border": CUE if row.cue == 1 else "3px solid transparent"}
 
 
-def _swatch(background: str, text: str, cue: bool = False) -> str:
-    underline = f";border-bottom:{CUE}" if cue else ""
-    return (f'<span style="display:inline-block;padding:0 6px;margin:0 6px 0 0;border-radius:3px;'
-            f'background-color:{background};color:{TEXT};border:1px solid #bbbbbb{underline}">'
-            f"{html.escape(text)}</span>")
-
-
-def legend(by: str, cues: bool) -> str:
-    """What the colours (and the underline) mean."""
+def legend(by: str, cues: bool) -> list[tuple]:
+    """What the colours (and the underline) mean: (background, text, underlined) swatches."""
     if by == "labels":
-        items = [_swatch(LABEL_COLOURS[1], "1 important"), _swatch(LABEL_COLOURS[0], "0"),
-                 _swatch("#ffffff", "not labelled")]
+        items = [(LABEL_COLOURS[1], "1 important"), (LABEL_COLOURS[0], "0"),
+                 ("#ffffff", "not labelled")]
     else:
-        items = [_swatch(colour(by, v), f"{v:g}") for v in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    if cues:
-        items.append(_swatch("#ffffff", "true cue word", cue=True))
-    return (f'<div style="margin:2px 0 6px 0">{html.escape(VIEWS[by])}: '
-            + "".join(items) + "</div>")
+        items = [(colour(by, v), f"{v:g}") for v in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    return [(*item, False) for item in items] + ([("#ffffff", "true cue word", True)]
+                                                  if cues else [])
 
 
 def render(frame: pd.DataFrame, by: str, title: str = "") -> str:
     """The sentences of `frame` (TokenView's) as one self-contained HTML block."""
     cues = "cue" in frame and bool(frame["cue"].notna().any())
-    head = "".join(f'<th style="{CELL}">{h}</th>' for h in ("sentence", "label", "prediction"))
-    body = []
+    sentences = []
     for _, sentence in frame.groupby("sentence_id", sort=True):
         pieces, segment = [], 0
         for row in sentence.itertuples():
-            if row.segment != segment:       # the second text of a pair
-                pieces.append(f'<span style="color:{FAINT};margin:0 4px">‖</span>')
-                segment = row.segment
-            pieces.append(_piece(row.token, by, row.value, row.cue))
+            pieces.append(_piece(row, by, pair=row.segment != segment))
+            segment = row.segment
         first = sentence.iloc[0]
         confidence = first["confidence"]
         prediction = str(first["prediction"]) + (
             f" ({confidence:.2f})" if not pd.isna(confidence) else "")
-        body.append(f'<tr style="background:#ffffff"><td style="{CELL}">{"".join(pieces)}</td>'
-                    f'<td style="{CELL};white-space:nowrap">{html.escape(str(first["label"]))}'
-                    f'</td><td style="{CELL};white-space:nowrap">{html.escape(prediction)}</td>'
-                    "</tr>")
-    caption = f'<div style="font-weight:bold">{html.escape(title)}</div>' if title else ""
-    return (f'<div class="ssa-tokens" style="{BOX}">{caption}{legend(by, cues)}'
-            f'<table style="border-collapse:collapse;margin:0;background:#ffffff">'
-            f"<tr>{head}</tr>{''.join(body)}</table></div>")
+        sentences.append({"pieces": pieces, "label": str(first["label"]),
+                          "prediction": prediction})
+    return str(TOKENS.view(STYLES, title, VIEWS[by], legend(by, cues), sentences))
 
 
 def report_section(run_dirs, n: int = REPORT_SENTENCES, max_runs: int = REPORT_RUNS) -> str:
@@ -307,13 +295,4 @@ def report_section(run_dirs, n: int = REPORT_SENTENCES, max_runs: int = REPORT_R
             continue
         shown.add(key)
         views.append(label_tokens(run_dir, n).html)
-    if not views:
-        return ""
-    intro = ("Which word-pieces SSA labelled important (1) or not (0) in the last saved epoch "
-             "of each run that saved its labels (save_labels: true), on training sentences the "
-             "model of the previous epoch predicted correctly; true cue words underlined "
-             "(synthetic task). <code>kit.results.views.token_html.show_tokens(run_dir)</code> shows "
-             "more, or the checkpoint's P(important) / attention.")
-    return ('<section id="kit-tokens" class="jp-RenderedHTMLCommon" style="padding:0 '
-            'var(--jp-notebook-padding, 10px)"><h2>SSA on the tokens</h2>'
-            f"<p>{intro}</p>{''.join(views)}</section>")
+    return str(TOKENS.section([Markup(view) for view in views])) if views else ""
