@@ -24,7 +24,7 @@ from kit.config.run_config import ConfigError, RunConfig
 from kit.config.tasks import get_task
 from kit.models.backbones import TINY, is_hub_id, model_path
 from kit.data.pipeline import glue_source, length_grouped_batches, load_task_data, source_label
-from kit.runs.write import label_text
+from kit.runs import label_text
 
 SAMPLE_ROWS = 2000          # training rows tokenized for the mean length (evenly spaced)
 LENGTH_CLASS = 8            # probes are shared by models whose batches round to one class
