@@ -107,8 +107,8 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
     total = _total(planned, per_device, start_s)
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
             "device": _device(probes), "points": points,
-            "probes": [{"model": k[0], "rows": k[2], "length": k[1], **{
-                n: v for n, v in p.items()}} for k, p in probes.items()],
+            "probes": [{"model": k[0], "rows": k[2], "length": k[1], **p}
+                       for k, p in probes.items()],
             "total": total, "slurm": slurm_request(planned, probes, start_s)}
 
 
@@ -143,7 +143,8 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
             "batch_size": cfg.batch_size, "steps": work.steps, "gamma": cfg.gamma,
             "extra_examples": work.extra_rows, "eval_rows": work.eval_rows,
             "seconds": round(seconds, 1), "train_s": round(train_s, 1),
-            "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1), "memory_bytes": probe["peak_memory_bytes"],
+            "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1),
+            "memory_bytes": probe["peak_memory_bytes"],
             "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
             "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": probe.get("graphs", False)}
 

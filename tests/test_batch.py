@@ -308,11 +308,12 @@ def test_a_task_found_nowhere_is_skipped_or_stops_the_batch(tmp_path, capsys, ba
     path = write_profile(tmp_path, text)
     assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "MRPC: not in the project's data/glue" in err and "unreachable" in err
+    assert "MRPC: in no glue_dir / GLUE_DIR nor the project's data/glue" in err
+    assert "unreachable" in err and "./run_all.sh fetch MRPC on a networked machine" in err
     path.write_text("skip_missing_tasks: true\n" + text)
     assert batch.main([str(path), "--outputs", str(tmp_path / "out"), "--no-report"]) == 0
     out = capsys.readouterr().out
-    assert "task=MRPC method=bert seed=0 model=tiny: absent (MRPC: not in the project's" in out
+    assert "task=MRPC method=bert seed=0 model=tiny: absent (MRPC: in no glue_dir" in out
     assert "1 ok, 0 skipped, 0 failed, 1 absent" in out
 
 

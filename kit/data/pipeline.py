@@ -76,7 +76,8 @@ def sources_line(cfgs: list[RunConfig]) -> str | None:
         for name in cfg.tasks or (cfg.task,):
             task = get_task(name) if name.lower() != "csv" else None
             if task is not None and task.kind == "glue" and (name, cfg.glue_dir) not in seen:
-                seen[name, cfg.glue_dir] = f"{name} from {source_label(glue_source(cfg.glue_dir, name))}"
+                where = source_label(glue_source(cfg.glue_dir, name))
+                seen[name, cfg.glue_dir] = f"{name} from {where}"
     return "data: " + "; ".join(seen.values()) if seen else None
 
 

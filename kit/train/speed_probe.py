@@ -223,6 +223,7 @@ class PeakRss:
     def __init__(self, every_s: float = 0.005):
         import threading
         import psutil
+        _release_freed()
         self._process, self._every = psutil.Process(), every_s
         self.start = self.peak = self._process.memory_info().rss
         self._stop = threading.Event()
@@ -237,6 +238,19 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return max(self.peak, self._process.memory_info().rss) - self.start
+
+
+def _release_freed() -> None:
+    """Freed memory back to the system before a baseline (glibc's malloc_trim): an earlier
+    probe's freed blocks stay in the process otherwise, and the next probe grows into them
+    unseen. Elsewhere (no glibc) nothing."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def state_bytes(state) -> int:
