@@ -104,7 +104,7 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
         points.append({**_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]),
                        "run_id": run_id})
     planned = [p for p in points if "seconds" in p]
-    total = _total(planned, per_device, start_s)
+    total = _total(planned, per_device, start_s, shared=device != "cpu")
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
             "device": _device(probes), "points": points,
             "probes": [{"model": k[0], "rows": k[2], "length": k[1], **p}
@@ -149,12 +149,23 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
             "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": probe.get("graphs", False)}
 
 
-def _total(points: list[dict], per_device: int, start_s: float) -> dict:
+# K points on one GPU share its kernels' time: what that gains is measured, not modelled
+# (bench/gpu.sh, one H200: K = 2 took 0.78x the wall time of K = 1 on 1,000-row points)
+SHARED_K_NOTE = ("K points share one GPU: the total is not divided by K (bench/gpu.sh measures "
+                 "what K gains; docs/benchmarks.md)")
+
+
+def _total(points: list[dict], per_device: int, start_s: float, shared: bool = False) -> dict:
+    """The profile's totals. `shared`: the K points at once share one accelerator, whose
+    probe timed it alone; the seconds stay the serial sum (a CPU's K points each probed on
+    cores / K threads run side by side: its total divides by K)."""
     seconds = sum(p["seconds"] for p in points)
+    divisor = 1 if shared else per_device
     kept = sum(p["disk_kept_bytes"] for p in points)
     # while K points run, each may hold its peak; the finished ones keep what they keep
     peak = kept + sum(sorted((p["disk_peak_bytes"] for p in points), reverse=True)[:per_device])
-    return {"runs": len(points), "seconds": round(seconds / per_device + start_s, 1),
+    return {"runs": len(points), "seconds": round(seconds / divisor + start_s, 1),
+            "k_note": SHARED_K_NOTE if shared and per_device > 1 else "",
             "device_hours": round((seconds + start_s) / 3600, 2),
             "start_s": round(start_s, 1),
             "steps": sum(p["steps"] for p in points),
@@ -246,7 +257,7 @@ def render(result: dict, outputs: Path) -> str:
              f"({t['device_hours']:.2f} device-hours), peak "
              f"memory {size(t['memory_bytes'])}; disk kept {size(t['disk_kept_bytes'])}, needed "
              f"{size(t['disk_needed_bytes'])} with the runs in flight (free in {outputs}: "
-             f"{size(free)})",
+             f"{size(free)})" + (f"; {t['k_note']}" if t.get("k_note") else ""),
              f"slurm: --time {s['time']} (the longest of {s['tasks']} task(s), "
              f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}, "
              f"{s['gpus_per_task']} GPU(s) a task",

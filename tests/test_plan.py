@@ -249,3 +249,16 @@ def test_a_batch_of_part_of_a_profile_counts_for_the_whole(tmp_path, batch_kerne
     with open(outputs / "tables" / "two-runs.csv") as f:
         rows = list(csv.DictReader(f))
     assert sorted(r["run_id"] for r in rows if r["status"] == "ok") == sorted(part)
+
+
+@pytest.mark.parametrize("shared, per_device, seconds", [
+    (False, 1, 300.0), (False, 2, 150.0), (True, 1, 300.0), (True, 2, 300.0)])
+def test_k_points_divide_the_total_on_a_cpu_not_on_a_shared_gpu(shared, per_device, seconds):
+    """A CPU's K points were each probed on cores / K threads: they run side by side. On one
+    GPU the probe had it alone; K points share it, and what that gains is measured by
+    bench/gpu.sh, not assumed: the plan keeps the serial sum and says so."""
+    points = [{"seconds": 100.0, "disk_kept_bytes": 0, "disk_peak_bytes": 0, "steps": 1,
+               "memory_bytes": 1} for _ in range(3)]
+    total = plan._total(points, per_device, 0.0, shared=shared)
+    assert total["seconds"] == seconds and total["device_hours"] == round(300 / 3600, 2)
+    assert bool(total["k_note"]) == (shared and per_device > 1)
