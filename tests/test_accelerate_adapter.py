@@ -70,3 +70,18 @@ def test_save_state_names_its_model_files_and_rng_states(tmp_path):
     assert states["python"] == expected["python"] and states["step"] == accelerator.step
     assert np.array_equal(states["numpy"][1], expected["numpy"][1])
     assert torch.equal(states["torch"], expected["torch"])
+
+
+@pytest.mark.parametrize("asked", ["sdpa", "eager"])
+def test_transformers_attention_implementation_is_read_where_it_is_set(asked):
+    """kit.models.transformers_adapter: the one private attribute of transformers the kit reads
+    (the masks it builds and the packed SDPA it registers follow it)."""
+    from transformers import BertConfig, BertModel
+
+    from kit.models.transformers_adapter import attn_implementation
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=16,
+                                 attn_implementation=asked))
+    assert attn_implementation(model.config) == asked
+    model.set_attn_implementation("eager" if asked == "sdpa" else "sdpa")
+    assert attn_implementation(model.config) == ("eager" if asked == "sdpa" else "sdpa")

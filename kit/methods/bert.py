@@ -20,6 +20,7 @@ from kit.methods.ssa_heads import TokenImportanceHead, hybrid_sentence
 from kit.models.attention_mask import encoder_mask
 from kit.models.backbones import ModelError
 from kit.models.model_io import load_folder
+from kit.models.transformers_adapter import attn_implementation
 
 
 # One adapter over the config names of the families (first name present and not None wins).
@@ -98,7 +99,7 @@ class SequenceModel(nn.Module):
         if output_attentions and (not maps or any(m is None for m in maps)):
             raise ModelError(f"{type(self.backbone).__name__} returned no attention maps "
                              f"(attention implementation "
-                             f"{self.backbone.config._attn_implementation!r}); attention guiding "
+                             f"{attn_implementation(self.backbone.config)!r}); attention guiding "
                              "needs them: use guide_loss 'task' with this model")
         tokens = out.last_hidden_state
         # sentence representation: the pooler (dense + tanh) where the family has one (BERT,

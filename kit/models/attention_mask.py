@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from kit.models.transformers_adapter import attn_implementation
+
 # the name kit.models.packed_dropout registers its SDPA under (bf16 CPUs, dropout on): here, not
 # imported from there, which would load transformers' model code (and scipy) into every kernel
 PACKED_SDPA = "kit_packed_sdpa"
@@ -30,7 +32,7 @@ FOUR_D_FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
 def takes_4d_mask(backbone) -> bool:
     config = backbone.config
     return (config.model_type in FOUR_D_FAMILIES and not getattr(config, "is_decoder", False)
-            and config._attn_implementation in ("sdpa", PACKED_SDPA, "eager"))
+            and attn_implementation(config) in ("sdpa", PACKED_SDPA, "eager"))
 
 
 def encoder_mask(backbone, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -40,7 +42,7 @@ def encoder_mask(backbone, attention_mask: torch.Tensor) -> torch.Tensor:
     batch, length = attention_mask.shape
     # as transformers' sdpa_mask expands it: one row per sequence, broadcast over the queries
     keep = attention_mask.bool()[:, None, None, :].expand(batch, 1, length, length)
-    if backbone.config._attn_implementation in ("sdpa", PACKED_SDPA):   # both take sdpa_mask's
+    if attn_implementation(backbone.config) in ("sdpa", PACKED_SDPA):   # both take sdpa_mask's
         return keep
     # eager adds the mask to the scores. transformers takes the embeddings' dtype: the weights'
     # (fp32) except where CPU autocast runs LayerNorm in bf16 / fp16, where fp32 is the safer sum

@@ -27,6 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from kit.models.attention_mask import PACKED_SDPA
+from kit.models.transformers_adapter import attn_implementation
 
 LANES = 65536           # values of a 16-bit lane
 # the softmax of torch's math path: since 2.5 a "safe" one (a row with nothing to attend gives
@@ -140,6 +141,6 @@ def use_packed_dropout(model: nn.Module) -> int:
                 setattr(module, name, PackedDropout(child.p).train(child.training))
                 swapped += 1
     for module in model.modules():
-        if isinstance(module, PreTrainedModel) and module.config._attn_implementation == "sdpa":
+        if isinstance(module, PreTrainedModel) and attn_implementation(module.config) == "sdpa":
             module.set_attn_implementation(ATTENTION)
     return swapped
