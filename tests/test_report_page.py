@@ -167,8 +167,8 @@ def test_the_batch_ends_with_the_report_line_unless_told_not_to(tmp_path, capsys
     out = str(tmp_path / "out")
     assert batch.main([str(path), "--outputs", out]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"report: {out}/reports/r/index.html"
-    assert built == [{"ok": 0, "skipped": 0, "failed": 0, "absent": 1, "preempted": 0,
-                      "stopped": 0, "notebook failed": 0}]
+    assert built == [{"ok": 0, "skipped": 0, "failed": 0, "blocked": 0, "absent": 1,
+                      "preempted": 0, "stopped": 0, "notebook failed": 0}]
     assert batch.main([str(path), "--outputs", out, "--no-report"]) == 0
     path.write_text("report: false\n" + path.read_text())
     assert batch.main([str(path), "--outputs", out]) == 0
