@@ -181,7 +181,8 @@ def _device(probes: dict) -> str:
         return f"{torch.cuda.get_device_name()} ({first['precision']})"
     cpu = provenance.cpu_info()
     precision = first["precision"] if first else "?"
-    return (f"{cpu['model']} CPU, class {cpu['cpu_class']}, {os.cpu_count()} cores "
+    from kit.train.accel import cpu_threads
+    return (f"{cpu['model']} CPU, class {cpu['cpu_class']}, {cpu_threads()} cores "
             f"({precision})")
 
 
