@@ -559,14 +559,14 @@ def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
                              capture_output=True, text=True, timeout=300)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
-    assert [p["label"] for p in plan["points"]] == [
+    assert sorted(p["label"] for p in plan["points"]) == [
         "MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
     assert {p["data"] for p in plan["points"]} == {str(glue)}
     submitted = subprocess.run([sys.executable, "-m", "kit.slurm", str(profile), *only,
                                 "--outputs", str(outputs)], cwd=REPO, env=env,
                                capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stderr
-    assert re.search(r"^--time \S+: from \./run_all\.sh plan", submitted.stderr, re.M)
+    assert re.search(r"^--time \S+: from \./run_all\.sh plan", submitted.stdout, re.M)
     job = re.search(r"submitted job array (\d+): 4 task\(s\)", submitted.stdout)[1]
     try:
         _wait(lambda: not _queued(job), 600, "the array's end")
