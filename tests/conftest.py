@@ -134,7 +134,7 @@ def batch_kernel(monkeypatch, warm_kernels):
 # the suite's end (longest-first scheduling). Seconds on a 2-core AVX2 machine, --durations.
 LONGEST = ("test_jupyterlab.py::test_every_notebook_runs_in_jupyterlab",        # ~100 s
            "test_slurm.py::test_a_preempted_array_task",                        # ~70 s
-           "test_slurm.py::test_the_cluster_recipe",                            # ~60 s (a guess)
+           "test_slurm.py::test_the_cluster_recipe",                            # ~60 s
            "test_distributed.py::test_ssa_h_on_two_nodes_and_pretraining",      # ~60 s
            "test_distributed.py::test_a_signal_to_one_rank",                    # ~60 s
            "test_batch.py::test_a_warm_kernel_gives_a_fresh_kernels_results",   # ~40 s

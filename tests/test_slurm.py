@@ -566,7 +566,7 @@ def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
                                 "--outputs", str(outputs)], cwd=REPO, env=env,
                                capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stderr
-    assert re.search(r"^--time \S+: from \./run_all\.sh plan", submitted.stderr, re.M)
+    assert re.search(r"^--time \S+: from \./run_all\.sh plan", submitted.stdout, re.M)
     job = re.search(r"submitted job array (\d+): 4 task\(s\)", submitted.stdout)[1]
     try:
         _wait(lambda: not _queued(job), 600, "the array's end")
