@@ -71,7 +71,7 @@ def test_every_reader_and_writer_of_outputs_follows_the_rule(monkeypatch, tmp_pa
 
     from kit.data.token_cache import token_cache_dir
     from kit.results.tables import writers
-    from kit.results.figures import figures
+    from kit.results.figures import plots
     from kit.results.report import page
     monkeypatch.chdir(NOTEBOOKS)
     monkeypatch.setenv(paths.OUTPUTS_ENV, str(tmp_path))
@@ -85,7 +85,7 @@ def test_every_reader_and_writer_of_outputs_follows_the_rule(monkeypatch, tmp_pa
     written = writers.write_results(pd.DataFrame({"a": [1]}), "outputs", "demo")
     assert {p.parent for p in written} == {tmp_path / "tables"}
     fig = plt.figure()
-    assert figures.save_figure(fig, "outputs", "x") == tmp_path / "figures" / "x.png"
+    assert plots.save_figure(fig, "outputs", "x") == tmp_path / "figures" / "x.png"
     plt.close(fig)
     point = load_profile("smoke", "outputs").points[0]
     assert point["outputs_dir"] == str(tmp_path)

@@ -13,7 +13,7 @@ from kit import io as kio
 from kit import runs
 from kit.config.profiles import load_profile
 from kit.config.run_config import ConfigError, RunConfig
-from kit.results.views.views import epoch_table, summary_line
+from kit.results.views.run_view import epoch_table, summary_line
 from kit.runs import RunPreempted, run_dir_of
 from kit.train import loop, progress
 from kit.train.window import NonFiniteLoss

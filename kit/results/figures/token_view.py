@@ -4,7 +4,7 @@ and the case study (Fig. 8) that puts a vanilla run and an SSA run side by side.
 
 The only figure data that needs a model: it loads the runs' best checkpoints (kit.runs finds them,
 kit.models.model_io loads them). torch and kit.models.model_io are imported inside `token_scores`
-only, so kit.results.figures.figures imports this module without torch (its plots need numbers, not
+only, so kit.results.figures.plots imports this module without torch (its plots need numbers, not
 models).
 """
 from __future__ import annotations
