@@ -138,7 +138,7 @@ def test_tables_and_the_batch_process_never_import_torch():
     test session may have imported torch for other tests."""
     code = ("import sys, kit.results.frame.collect, kit.results.tables.selection, kit.results.tables.fold_tables, "
             "kit.results.tables.table_sets, kit.results.tables.writers, kit.results.figures.figure_data, "
-            "kit.results.figures.token_view, kit.results.views.token_html, kit.results.views.model_view, kit.batch, "
+            "kit.results.figures.token_view, kit.results.figures.model_scores, kit.results.views.token_html, kit.results.views.model_view, kit.batch, "
             "kit.run, kit.slurm, kit.train.preflight; sys.exit(' '.join(sorted({'torch', "
             "'transformers', 'accelerate'} & set(sys.modules))) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

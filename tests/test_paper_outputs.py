@@ -130,7 +130,7 @@ def test_case_study_notebook(outputs, tmp_path, run_notebook):
                  profile="smoke",
                  sentences=["a whole lot foul, freaky and funny.", "the movie works."])
     assert (outputs["dir"] / "figures" / "case_study-smoke-synthetic.png").exists()
-    table = output_of(nb, "token_view.case_study_data(")
+    table = output_of(nb, "model_scores.case_study_data(")
     assert "funny" in table and "works" in table and "ssa_p_important" in table
 
 

@@ -20,7 +20,7 @@ from kit.predict import predict
 from kit.results.figures import plots
 from kit.results.views import model_view, token_html
 from kit.results.report import page, profile_outputs
-from kit.results.figures.token_view import token_scores
+from kit.results.figures.model_scores import token_scores
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("one_thread")
