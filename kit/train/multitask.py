@@ -32,6 +32,7 @@ import numpy as np
 
 from kit.train import loop, run_state
 from kit.train.job import Epoch, Job
+from kit.train.step import to_predictions
 from kit import methods, runs
 from kit.train import metrics as kmetrics
 from kit.models.backbones import load_backbone
@@ -190,7 +191,7 @@ class MultiTask(Job):
         for t, task in enumerate(self.tasks):
             unwrapped.set_task(t)
             results[task.name] = {
-                split: (loop.to_predictions(predict(ex, f"eval {task.name}"), task.regression),
+                split: (to_predictions(predict(ex, f"eval {task.name}"), task.regression),
                         ex.labels) for split, ex in self.dev[t].items()}
             per_task[task.name] = kmetrics.evaluate_splits(task, results[task.name])
             three[task.name] = kmetrics.three_subset_stats(
@@ -219,7 +220,7 @@ class MultiTask(Job):
             for name, split in d.test.items():
                 examples = encode(self.tokenizer, split, self.cfg.max_length, task.regression,
                                   token_cache_dir(self.cfg.outputs_dir))
-                preds = loop.to_predictions(predict(examples), task.regression)
+                preds = to_predictions(predict(examples), task.regression)
                 if self.writer:
                     runs.write_test_predictions(runs.predictions_dir(run_dir, task.name), task,
                                                 name, split, preds)
