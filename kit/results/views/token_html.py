@@ -186,7 +186,7 @@ def score_tokens(run_dir: Path, n: int = 6, by: str = "p_important",
 
 def _token_rows(sid, tokens, values, importance, segments, label, prediction, confidence):
     """One sentence's rows of a TokenView frame (byte-level BPE's and SentencePiece's word
-    markers left out of the shown word-piece, as token_view does)."""
+    markers left out of the shown word-piece, as model_scores does)."""
     return [{"sentence_id": sid, "position": i, "value": float(values[i]),
              "token": str(t).replace("Ġ", "").replace("▁", ""),
              "cue": np.nan if importance is None else float(importance[i]),
