@@ -23,6 +23,7 @@ from kit.results.figures.token_view import label_name
 PAPER_SENTENCES = ("a whole lot foul, freaky and funny.",
                    "in its ragged, cheaps and unassuming way, the movie works.")
 
+
 def token_scores(run_dir: str | os.PathLike, sentences: Sequence[str | Sequence[str]],
                  max_length: int = 128) -> pd.DataFrame:
     """Per sentence and real word-piece ([CLS]/[SEP]/padding left out), from a run's best
