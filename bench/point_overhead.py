@@ -5,7 +5,7 @@ model again and tokenizes its data again. Each part is measured in fresh process
 times, alternated:
 
     kernel       start an ipykernel (the one papermill starts) until it answers, then stop it
-    imports      a fresh interpreter: import kit.train.finetune and kit.results.views.views
+    imports      a fresh interpreter: import kit.train.finetune and kit.results.views.run_view
                  (what finetune.ipynb imports), accelerate, and load the model with its tokenizer (load_backbone)
     tokenize     read the task's train + dev split and encode them, no cache
     cached       the same with the token cache (kit.data.token_cache.token_cache_dir), warm: what
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-IMPORTS = ("import kit.train.finetune, kit.results.views.views, accelerate; from kit.models.backbones import load_backbone; "
+IMPORTS = ("import kit.train.finetune, kit.results.views.run_view, accelerate; from kit.models.backbones import load_backbone; "
            "load_backbone({model!r})")
 TOKENIZE = ("from kit.config.run_config import RunConfig; from kit.data.pipeline import encode, load_task_data; "
             "from kit.data.token_cache import token_cache_dir; from kit.models.backbones import load_tokenizer; "

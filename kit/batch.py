@@ -21,7 +21,7 @@ A point's failure is its own: a kernel that cannot start fails that point, and a
 raises after fit() has finished its run makes the point `notebook failed` (the run is kept,
 never rerun; only a signal's cut of those cells stays silent). kit.cluster holds the parts:
 one point (point), its kernel (kernels), the signals (signals), the points one or K at once
-(pool), the grid's records and lines (grid). The first line says where the batch trains (the
+(pool), the grid's records and lines (tally). The first line says where the batch trains (the
 device, a GPU by name, the precision `auto` chose, K). Exit status: 0 all ok, 1 a run failed
 (or was blocked: a source it reads failed; or a finished run's notebook failed, or another
 batch still holds a point), 2 bad input, 75 stopped by a signal (rerun to resume), 3 stopped
@@ -34,8 +34,8 @@ import functools
 import sys
 import time
 
-from kit.cluster import costs, grid, pool
-from kit.cluster.grid import resume_first
+from kit.cluster import costs, pool, tally
+from kit.cluster.tally import resume_first
 from kit.cluster.kernels import Kernels, prepare_kernels
 from kit.cluster.point import execute, failure_reason
 from kit.cluster.signals import DEFAULT_GRACE_S, forwarding_signals
@@ -64,15 +64,15 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     per_device = per_device or profile.per_device
     # a shard takes whole chains: a point that reads another point's output runs after it, here
     points = resume_first(shard_points(profile.points, shard_spec))
-    steps = {p: (r.get("preempted") or {}).get("step") for p, r in grid.records(points).items()}
+    steps = {p: (r.get("preempted") or {}).get("step") for p, r in tally.records(points).items()}
     started = time.perf_counter()
     absent = preflight(profile, points)
     if not ignore_disk:
-        costs.check_disk(points, {k for k, r in grid.records(points).items()
+        costs.check_disk(points, {k for k, r in tally.records(points).items()
                                   if r.get("status") == "ok"}, outputs_root(outputs_dir))
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s; "
-          f"{grid.where_line(points, per_device, processes * nodes)}", flush=True)
+          f"{tally.where_line(points, per_device, processes * nodes)}", flush=True)
     if line := sources_line([RunConfig.from_dict(p) for p in points if p and p.get("task")]):
         print(line, flush=True)
     run = lambda point, kernels: execute(profile, point, processes, kernels, nodes,  # noqa: E731
@@ -80,23 +80,23 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     points_run = pool.Batch(profile, points, absent, run)
     with Kernels(fresh=fresh_kernels) as kernels, forwarding_signals() as signals:
         if not pool.run_all(points_run, kernels, per_device, fresh_kernels, lock_wait_s):
-            return grid.stopped(profile, signals.received, points, points_run.counts, steps,
+            return tally.stopped(profile, signals.received, points, points_run.counts, steps,
                                 points_run.stopped)
         counts, held = points_run.counts, points_run.held
         # inside the block: the report's notebooks run in the points' warm kernel
         profile_outputs.write(profile, outputs_dir, show=True)
-        print(grid.summary(profile, counts, points_run.started), flush=True)
+        print(tally.summary(profile, counts, points_run.started), flush=True)
         for error in points_run.errors:      # a slot's own error: the others took its points
             print(f"profile {profile.name}: {error} (a bug of the batch, not of a point; its "
                   "traceback is above)", flush=True)
         if held:
-            print(grid.held_line(profile, [p for _, p in held], lock_wait_s), flush=True)
+            print(tally.held_line(profile, [p for _, p in held], lock_wait_s), flush=True)
         if points_run.notebooks:
-            print(grid.notebooks_line(profile, points_run.notebooks), flush=True)
+            print(tally.notebooks_line(profile, points_run.notebooks), flush=True)
         if report and profile.report:
             print(_report(profile, outputs_dir, kernels, counts, shard_spec, signals.received),
                   flush=True)
-    return max(grid.exit_status(counts, held), int(bool(points_run.errors)))
+    return max(tally.exit_status(counts, held), int(bool(points_run.errors)))
 
 
 def _report(profile: Profile, outputs_dir: str, kernels: Kernels, counts: dict,
@@ -104,7 +104,7 @@ def _report(profile: Profile, outputs_dir: str, kernels: Kernels, counts: dict,
     """The report's line: a shard builds it only if it finds the whole grid finished."""
     if received:
         return f"report: not built (stopped by {received}; ./run_all.sh report builds it)"
-    left = grid.unfinished(profile.points) if shard_spec else 0
+    left = tally.unfinished(profile.points) if shard_spec else 0
     if left:
         return (f"report: left to the shard that finishes the grid ({left} of "
                 f"{len(profile.points)} point(s) not finished)")

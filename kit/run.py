@@ -10,7 +10,7 @@ fields (so `mixed_precision=no` stays "no"), and comma-separated or YAML lists (
 `tasks=[RTE, CoLA]`) for list fields. The point is validated and its data checked first (one
 line on error, exit 2), then run by kit.cluster.point.execute: a finished run is reused (one line says
 when and at which commit it was trained) unless `rerun=true` (`--rerun`) trains it again, its
-old results kept until the new run ends ok (kit.runs.frame's rerun protocol: they come back if
+old results kept until the new run ends ok (kit.runs.lifecycle's rerun protocol: they come back if
 it fails; a stopped rerun says where they wait); a failed run is recorded in its metrics.json
 (exit 1), and so is a notebook that failed after its run finished (exit 1). `--notebook NAME` picks another notebook in notebooks/ (default: finetune; multitask for
 embert/gated; kaggle_csv for a k-fold CSV run; pretrain for method mlm).
@@ -35,7 +35,7 @@ from kit.config.run_config import ConfigError, RunConfig, field_types
 from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
 from kit.data.readers import DataError
-from kit.results.views.views import best_epoch_line
+from kit.results.views.run_view import best_epoch_line
 from kit.runs import finished_metrics, run_dir_of
 from kit.train.preemption import PREEMPTED_EXIT
 from kit.train.preflight import preflight

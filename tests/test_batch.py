@@ -726,12 +726,12 @@ def test_a_corrupt_record_reads_as_none_wherever_only_the_runs_end_is_asked(tmp_
     tolerates a corrupt metrics.json: it is no finished run, no record of the grid, a point the
     grid has left, and tables name the file (kit.results.frame.collect)."""
     from kit import runs
-    from kit.cluster import grid
+    from kit.cluster import tally
     point = batch.load_profile(str(tiny_profile(tmp_path)), str(tmp_path / "out")).points[0]
     cfg = RunConfig.from_dict(point)
     runs.metrics_path(runs.make_run_dir(cfg)).write_text('{"status": "ok", ')    # cut short
     assert runs.readable_metrics(run_dir_of(cfg)) is None and runs.finished_metrics(cfg) is None
-    assert grid.records([point]) == {} and grid.unfinished([point]) == 1
+    assert tally.records([point]) == {} and tally.unfinished([point]) == 1
     assert batch.resume_first([point]) == [point]
     with pytest.raises(ValueError, match="metrics.json"):
         runs.read_metrics(run_dir_of(cfg))

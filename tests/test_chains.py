@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kit import batch
-from kit.cluster import grid, pool
+from kit.cluster import pool, tally
 from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.methods.epochs import build_epoch
@@ -49,8 +49,8 @@ def test_a_failed_source_blocks_its_dependent_point(tmp_path, capsys, per_device
     record = read_metrics(run_dir_of(RunConfig.from_dict(points[2])))
     assert record["status"] == "failed" and record["error"] == f"blocked (source {label} {why})"
     assert record["blocked_by"] == RunConfig.from_dict(points[0]).run_id
-    assert work.counts["blocked"] == 1 and grid.exit_status(work.counts, work.held) == 1
-    assert "1 blocked (a source failed)" in grid.summary(work.profile, work.counts, 0.0)
+    assert work.counts["blocked"] == 1 and tally.exit_status(work.counts, work.held) == 1
+    assert "1 blocked (a source failed)" in tally.summary(work.profile, work.counts, 0.0)
 
 
 def test_a_source_held_by_another_batch_holds_its_dependent_too(tmp_path):

@@ -1,5 +1,5 @@
 """kit.results.frame.collect, kit.results.tables.selection, kit.results.tables.writers and
-kit.results.tables.tables on hand-made run folders, and the paper's numbers against the paper's
+kit.results.tables.build on hand-made run folders, and the paper's numbers against the paper's
 text."""
 import json
 import os
@@ -17,7 +17,7 @@ from kit.results.frame.collect import load_runs
 from kit.results.tables.selection import select_by_best_dev, select_by_three_subsets
 from kit.results.tables.paper_table import paper_table
 from kit.results.frame.stats import significance_mark, welch_test
-from kit.results.tables.tables import (budget_view, comparisons, epoch_table, runs_table,
+from kit.results.tables.build import (budget_view, comparisons, epoch_table, runs_table,
                                        summary_table)
 from kit.results.tables.writers import write_tables
 
@@ -133,12 +133,12 @@ def test_tables_and_the_batch_process_never_import_torch():
     """Tables, figures and the token view's page load no torch; nor does importing a batch,
     kit.run or a SLURM task's process, which only hands points to kernels or torchrun (a
     torchrun of its own for a data-parallel point, a failure recorded outside a kernel: torch
-    then). A batch imports it once as it starts, for its first line (kit.cluster.grid.
+    then). A batch imports it once as it starts, for its first line (kit.cluster.tally.
     where_line: only torch knows whether its wheel sees the GPU). In a fresh interpreter: this
     test session may have imported torch for other tests."""
     code = ("import sys, kit.results.frame.collect, kit.results.tables.selection, kit.results.tables.fold_tables, "
             "kit.results.tables.table_sets, kit.results.tables.writers, kit.results.figures.figure_data, "
-            "kit.results.figures.token_view, kit.results.views.token_html, kit.results.views.model_view, kit.batch, "
+            "kit.results.figures.token_view, kit.results.figures.model_scores, kit.results.views.token_html, kit.results.views.model_view, kit.batch, "
             "kit.run, kit.slurm, kit.train.preflight; sys.exit(' '.join(sorted({'torch', "
             "'transformers', 'accelerate'} & set(sys.modules))) or None)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

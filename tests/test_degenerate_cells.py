@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kit.results.tables.paper_table import paper_table
-from kit.results.tables.tables import comparisons, degenerate, summary_table
+from kit.results.tables.build import comparisons, degenerate, summary_table
 
 GLUE_METRICS = {"CoLA": ("mcc",), "STS-B": ("pearson", "spearman"), "RTE": ("accuracy",),
                 "synthetic": ("accuracy",)}

@@ -1,6 +1,6 @@
 """kit.results.figures.figure_data and kit.results.figures.token_view.find_run on hand-made run
 folders (config.json, metrics.json, history.csv as the training loop writes them), and
-kit.results.figures.figures' plots of those frames."""
+kit.results.figures.plots' plots of those frames."""
 import json
 import math
 from pathlib import Path
@@ -12,7 +12,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from kit.results.figures import figure_data, figures, token_view  # noqa: E402
+from kit.results.figures import figure_data, plots, token_view  # noqa: E402
 from kit.results.frame.collect import load_runs  # noqa: E402
 
 
@@ -86,17 +86,17 @@ def test_gamma_points_refuse_mixed_configurations_and_tasks(tmp_path, gamma_runs
 
 
 def test_plot_gamma_and_save_figure(tmp_path, gamma_runs):
-    fig = figures.plot_gamma(figure_data.gamma_points(gamma_runs),
+    fig = plots.plot_gamma(figure_data.gamma_points(gamma_runs),
                              figure_data.gamma_baseline(gamma_runs))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "BERT-r (n=3)", "BERT-mask (n=3)", "SSA-H (n=3)"]
-    path = figures.save_figure(fig, tmp_path / "out", kind="gamma", profile="params/x.yaml",
+    path = plots.save_figure(fig, tmp_path / "out", kind="gamma", profile="params/x.yaml",
                                task="SST-2")
     assert path == tmp_path / "out" / "figures" / "gamma-x-SST-2.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in path.parent.iterdir()] == [path.name]       # no temp file left
-    assert figures.save_figure(fig, tmp_path, "named").name == "named.png"
+    assert plots.save_figure(fig, tmp_path, "named").name == "named.png"
     matplotlib.pyplot.close("all")
 
 
@@ -130,7 +130,7 @@ def test_cost_curves_from_history(tmp_path):
     assert set(target["seed"]) == {0}
     with pytest.raises(ValueError, match="no column 'loss_x'"):
         figure_data.cost_curves(runs, loss="loss_x")
-    fig = figures.plot_cost(curves)
+    fig = plots.plot_cost(curves)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["BERT-r", "SSA-H (2 seeds)"]
     matplotlib.pyplot.close("all")
@@ -190,7 +190,7 @@ def test_label_quality_per_epoch(tmp_path):
     assert frame["cue_share_label1"].tolist() == [0.6, 0.8, 0.4]
     assert frame["distractor_share_label1"].tolist() == [0.1, 0.05, 0.3]
     assert frame["kept"].tolist() == [80, 80, 80]
-    fig = figures.plot_label_quality(frame)
+    fig = plots.plot_label_quality(frame)
     assert fig.axes[0].get_xticks().tolist() == [2, 3]     # the frame's epochs 1, 2, counted from 1
     lines = fig.axes[0].get_legend().get_texts()
     assert [t.get_text() for t in lines] == ["SSA-H: cue tokens (n=2)",
@@ -210,13 +210,13 @@ def test_plot_case_study_from_a_frame():
         "ssa_weight": [0.1, 0.8, 0.1], "ssa_p_important": [0.2, 0.9, np.nan],
         "vanilla_prediction": "negative", "vanilla_confidence": 0.6,
         "ssa_prediction": "positive", "ssa_confidence": 0.9})
-    fig = figures.plot_case_study(data)
+    fig = plots.plot_case_study(data)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == tokens
     title = ax.get_title()
     assert "BERT-r: negative (0.60)" in title and "SSA-H: positive (0.90)" in title
     assert len(ax.get_yticklabels()) == 4
-    named = figures.plot_case_study(data.assign(task="SST-2", model="minilm", vanilla_seed=0,
+    named = plots.plot_case_study(data.assign(task="SST-2", model="minilm", vanilla_seed=0,
                                                 ssa_seed=0))
     assert named._suptitle.get_text() == "SST-2, minilm: BERT-r (seed 0) vs SSA-H (seed 0)"
     matplotlib.pyplot.close("all")
@@ -237,7 +237,7 @@ def test_find_run_needs_a_checkpoint(tmp_path):
 # ---------------------------------------------------------------- paper-ready details
 
 def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
-    fig = figures.plot_gamma(figure_data.gamma_points(gamma_runs), figure_data.gamma_baseline(gamma_runs))
+    fig = plots.plot_gamma(figure_data.gamma_points(gamma_runs), figure_data.gamma_baseline(gamma_runs))
     assert fig.axes[0].get_title().startswith("SST-2, minilm, seeds 0-2: ")
     markers = {c.get_label(): c.lines[0].get_marker() for c in fig.axes[0].containers}
     assert list(markers) == ["BERT-mask (n=3)", "SSA-H (n=3)"]
@@ -245,7 +245,7 @@ def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
     cost = tmp_path / "cost"                                 # apart from the gamma runs
     make_run(cost, "b", method="bert", history=history([0.7, 0.5]))
     make_run(cost, "h", method="ssa-h", seed=2, history=history([0.9, 0.5], [0.8, 0.4]))
-    fig = figures.plot_cost(figure_data.cost_curves(load_runs(cost)))
+    fig = plots.plot_cost(figure_data.cost_curves(load_runs(cost)))
     assert fig.axes[0].get_title() == ("Training cost on SST-2, minilm, seeds 0, 2: "
                                        "loss against time")
     assert fig.axes[0].get_ylabel() == "log10 target-task loss L_target"
@@ -254,7 +254,7 @@ def test_titles_name_task_model_and_seeds(tmp_path, gamma_runs):
 
 def test_label_quality_cue_and_distractor_markers_differ(tmp_path):
     make_run(tmp_path, "h0", task="synthetic", method="ssa-h", ssa_labels=[stats(1, 0.6, 0.1)])
-    fig = figures.plot_label_quality(figure_data.label_quality(load_runs(tmp_path)))
+    fig = plots.plot_label_quality(figure_data.label_quality(load_runs(tmp_path)))
     ax = fig.axes[0]
     lines = [line for line in ax.get_lines() if len(line.get_xdata())]
     faces = {str(line.get_markerfacecolor()) for line in lines}
@@ -283,7 +283,7 @@ def test_gamma_points_keep_the_equal_steps_budget_apart(tmp_path, gamma_runs):
     assert capped["mean"].tolist() == pytest.approx([78.0]) and capped["n"].tolist() == [3]
     plain = points[(points["method"] == "bert-mask") & (points["budget"] == "epochs")]
     assert plain["mean"].tolist() == pytest.approx([80.0, 72.0])        # gamma 0.6, 2.0
-    fig = figures.plot_gamma(points)
+    fig = plots.plot_gamma(points)
     assert [c.get_label() for c in fig.axes[0].containers] == [
         "BERT-mask (n=3)", "BERT-mask (equal steps) (n=3)", "SSA-H (n=3)"]
     matplotlib.pyplot.close("all")

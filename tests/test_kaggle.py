@@ -17,7 +17,7 @@ from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import load_task_data
 from kit.data.readers import DataError
 from kit.results.tables.paper_table import paper_table
-from kit.results.tables.tables import summary_table
+from kit.results.tables.build import summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 PAIRS = REPO / "tests" / "fixtures" / "stsb_pairs.csv"          # 200 real STS-B dev pairs

@@ -257,11 +257,11 @@ def test_tiny_splits(n):
 
 
 def test_importing_the_training_kernel_loads_neither_scipy_nor_sklearn():
-    """A grid point's kernel imports kit.train.finetune and kit.results.views.views: neither may
+    """A grid point's kernel imports kit.train.finetune and kit.results.views.run_view: neither may
     pull scipy (~1 s) or sklearn. (Building a model still imports scipy.optimize:
     transformers.modeling_utils loads its object-detection losses, which import scipy when it is
     installed - not the kit's.)"""
-    code = ("import sys, kit.train.finetune, kit.results.views.views; "
+    code = ("import sys, kit.train.finetune, kit.results.views.run_view; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

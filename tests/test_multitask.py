@@ -15,8 +15,9 @@ from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import encode, load_task_data
 from kit.data.tensors import collate
 from kit.methods.bert import target_loss
-from kit.train.multitask import (TaskMixer, epoch_table, fit_multitask, per_task_table,
-                                 sampling_exponent, task_probabilities, task_schedule)
+from kit.results.views.run_view import multitask_epoch_table, per_task_table
+from kit.train.multitask import (TaskMixer, fit_multitask, sampling_exponent, task_probabilities,
+                                 task_schedule)
 from kit.methods.embert import (MultiTaskModel, MultiTaskSpec, TaskGate, adapter_parameters,
                                 apply_stage, base_qkv_parameters, default_rank, gate_parameters,
                                 load_multitask, masked_mean)
@@ -259,7 +260,7 @@ def test_fit_multitask_end_to_end(tmp_path):
     for name in names:
         dev = (run / "predictions" / name / "dev.tsv").read_text().splitlines()
         assert dev[0] == "index\tprediction\tlabel" and len(dev) == 1 + 16
-    assert list(per_task_table(m).index) == names and len(epoch_table(m)) == 2
+    assert list(per_task_table(m).index) == names and len(multitask_epoch_table(m)) == 2
     # the best checkpoint reloads into the model that wrote the dev predictions
     model, tokenizer = load_multitask(run / "checkpoint" / "best")
     assert model.spec.tasks == names and model.spec.method == method

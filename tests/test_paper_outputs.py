@@ -130,7 +130,7 @@ def test_case_study_notebook(outputs, tmp_path, run_notebook):
                  profile="smoke",
                  sentences=["a whole lot foul, freaky and funny.", "the movie works."])
     assert (outputs["dir"] / "figures" / "case_study-smoke-synthetic.png").exists()
-    table = output_of(nb, "token_view.case_study_data(")
+    table = output_of(nb, "model_scores.case_study_data(")
     assert "funny" in table and "works" in table and "ssa_p_important" in table
 
 
@@ -277,12 +277,12 @@ def test_paper_profiles_hold_the_papers_settings():
 def test_one_call_figures(outputs):
     import matplotlib
     matplotlib.use("Agg")
-    from kit.results.figures import figures
+    from kit.results.figures import plots
     out = outputs["dir"]
-    for fig in (figures.gamma_figure(out, outputs["gamma"]),
-                figures.cost_figure(out, "smoke", loss="loss_target"),
-                figures.label_quality_figure(out, "smoke"),
-                figures.case_study_figure(out, "smoke", sentences=["fine ."])):
+    for fig in (plots.gamma_figure(out, outputs["gamma"]),
+                plots.cost_figure(out, "smoke", loss="loss_target"),
+                plots.label_quality_figure(out, "smoke"),
+                plots.case_study_figure(out, "smoke", sentences=["fine ."])):
         assert fig.axes
     matplotlib.pyplot.close("all")
 

@@ -18,6 +18,7 @@ from kit.config.paths import PROJECT
 from kit.config.profiles import load_profile
 from kit.config.run_config import RunConfig
 from kit.results.frame.no_runs import NoRuns
+from kit.results.frame import discover
 from kit.results.views import notebook_defaults
 
 NOTEBOOKS = PROJECT / "notebooks"
@@ -71,7 +72,7 @@ def test_every_reader_and_writer_of_outputs_follows_the_rule(monkeypatch, tmp_pa
 
     from kit.data.token_cache import token_cache_dir
     from kit.results.tables import writers
-    from kit.results.figures import figures
+    from kit.results.figures import plots
     from kit.results.report import page
     monkeypatch.chdir(NOTEBOOKS)
     monkeypatch.setenv(paths.OUTPUTS_ENV, str(tmp_path))
@@ -85,7 +86,7 @@ def test_every_reader_and_writer_of_outputs_follows_the_rule(monkeypatch, tmp_pa
     written = writers.write_results(pd.DataFrame({"a": [1]}), "outputs", "demo")
     assert {p.parent for p in written} == {tmp_path / "tables"}
     fig = plt.figure()
-    assert figures.save_figure(fig, "outputs", "x") == tmp_path / "figures" / "x.png"
+    assert plots.save_figure(fig, "outputs", "x") == tmp_path / "figures" / "x.png"
     plt.close(fig)
     point = load_profile("smoke", "outputs").points[0]
     assert point["outputs_dir"] == str(tmp_path)
@@ -215,7 +216,7 @@ def test_a_grid_finished_under_another_profiles_name_is_found(tmp_path, capsys):
     run_dir = _finished(out, "gamma", "bert", 1000)
     config = json.loads(runs.config_path(run_dir).read_text())
     runs.config_path(run_dir).write_text(json.dumps({**config, "profile": "smoke"}))
-    assert set(notebook_defaults.finished_profiles(str(out), ["gamma"])) == {"gamma"}
+    assert set(discover.finished_profiles(str(out), ["gamma"])) == {"gamma"}
     assert notebook_defaults.pick_profile(str(out), "", "gamma") == "gamma"
     assert capsys.readouterr().out.startswith('profile = "gamma": the gamma profile\'s runs')
 
@@ -232,8 +233,8 @@ def test_a_run_moved_away_while_profiles_are_scanned_is_skipped(tmp_path, monkey
             if Path(run_dir) == gone:
                 runs.metrics_path(gone).unlink(missing_ok=True)
             return record
-        monkeypatch.setattr(notebook_defaults.runs, reader, moved_after_reading)
-    assert notebook_defaults.finished_profiles(str(out)) == {"demo": 2000}
+        monkeypatch.setattr(discover.runs, reader, moved_after_reading)
+    assert discover.finished_profiles(str(out)) == {"demo": 2000}
 
 
 def test_a_figure_task_is_the_runs_one_task_else_synthetic(tmp_path, capsys):

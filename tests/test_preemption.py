@@ -68,7 +68,7 @@ def test_a_signal_mid_epoch_stops_with_a_checkpoint_and_the_rerun_ends_as_if_uni
     assert record["status"] == "preempted" and record["error"] is None
     assert stopped["signal"] == signum.name and stopped["step"] == at and stopped["epoch"] == 2
     assert 0 < stopped["batch"] and stopped["checkpoint"].endswith("checkpoint/last")
-    assert (checkpoint_dir(run_dir_of(cfg)) / "epoch1" / "plan.npz").exists()
+    assert (checkpoint_dir(run_dir_of(cfg)) / "epoch1" / "plan.safetensors").exists()
     assert signal.getsignal(signum) is not preemption.Stop.note   # the handlers are put back
     row = collect.load_runs([run_dir_of(cfg)]).iloc[0]     # not finished: no table counts it
     assert row["status"] == "missing" and row["error"].startswith(f"preempted ({signum.name})")

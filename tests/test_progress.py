@@ -13,12 +13,11 @@ from kit import io as kio
 from kit import runs
 from kit.config.profiles import load_profile
 from kit.config.run_config import ConfigError, RunConfig
-from kit.results.views.views import epoch_table, summary_line
+from kit.results.views.run_view import epoch_table, multitask_epoch_table, summary_line
 from kit.runs import RunPreempted, run_dir_of
 from kit.train import loop, progress
 from kit.train.window import NonFiniteLoss
 from kit.train.finetune import fit
-from kit.train.multitask import epoch_table as multitask_epoch_table
 from run_folders import files, hidden
 
 TINY = dict(task="synthetic", model="tiny", synthetic_size=16, epochs=1, lr=5e-3, batch_size=16,

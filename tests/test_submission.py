@@ -8,7 +8,8 @@ import pytest
 
 from kit.results.tables import submission
 from kit.results.frame.collect import load_runs
-from kit.results.tables.submission import GLUE_TEST_ROWS, SubmissionError, build_submissions
+from kit.results.tables.glue_zips import build_submissions
+from kit.results.tables.submission import GLUE_TEST_ROWS, SubmissionError
 from kit.config.tasks import GLUE_TASKS, Split
 
 LABELS = {"RTE": ["entailment", "not_entailment"], "CoLA": ["0", "1"],

@@ -17,10 +17,10 @@ from kit.config.profiles import FIGURES, load_profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data import synthetic
 from kit.predict import predict
-from kit.results.figures import figures
+from kit.results.figures import plots
 from kit.results.views import model_view, token_html
 from kit.results.report import page, profile_outputs
-from kit.results.figures.token_view import token_scores
+from kit.results.figures.model_scores import token_scores
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -218,9 +218,9 @@ def test_a_gold_label_is_shown_one_way_in_every_view(tmp_path):
 
 def test_the_best_epoch_is_said_in_one_line_everywhere(tmp_path):
     """The notebooks' summary line and the end of `python -m kit.run` say a finished run's best
-    epoch in the same words (views.best_epoch_line)."""
+    epoch in the same words (run_view.best_epoch_line)."""
     import kit.run
-    from kit.results.views import views
+    from kit.results.views import run_view
     cfg = RunConfig(task="synthetic", model="tiny", method="bert", outputs_dir=str(tmp_path))
     run_dir = runs.make_run_dir(cfg)
     metrics = {**runs.base_record(cfg), "status": "ok", "best_epoch": 1,
@@ -229,8 +229,8 @@ def test_the_best_epoch_is_said_in_one_line_everywhere(tmp_path):
     runs.metrics_path(run_dir).write_text(json.dumps(metrics))
     line = "best epoch 2/3, accuracy 0.8125, f1 0.8010"
     assert kit.run.summary("ok", "", cfg).splitlines()[-1] == f"  {line}"
-    assert views.summary_line(metrics) == f"{cfg.run_id} ok: {line}"
-    assert views.best_epoch_line(metrics) == line
+    assert run_view.summary_line(metrics) == f"{cfg.run_id} ok: {line}"
+    assert run_view.best_epoch_line(metrics) == line
 
 
 def test_dev_predictions_are_kit_predicts(ssa_run):
@@ -275,7 +275,7 @@ def test_regression_errors_and_their_plot():
 
 def test_figure_kinds_are_listed_once_and_checked_when_a_profile_loads(tmp_path):
     assert set(profile_outputs.DRAW) == set(FIGURES) == set(page.FIGURE_NOTEBOOKS)
-    assert all(callable(getattr(figures, name)) for name in profile_outputs.DRAW.values())
+    assert all(callable(getattr(plots, name)) for name in profile_outputs.DRAW.values())
     assert all((page.PROJECT / "notebooks" / f"{nb}.ipynb").exists()
                for nb in page.FIGURE_NOTEBOOKS.values())
     path = tmp_path / "f.yaml"

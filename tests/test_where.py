@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kit import batch
-from kit.cluster import grid
+from kit.cluster import tally
 from kit.train import accel
 
 from tests.test_batch import write_profile
@@ -25,7 +25,7 @@ def test_the_where_line(monkeypatch, machine, asked, processes, k, line):
     monkeypatch.setattr(accel, "cpu_has_native_bf16", lambda: machine == "cpu-bf16")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: gpu)
     points = [{**POINT, "mixed_precision": a} for a in asked]
-    assert grid.where_line(points, k, processes) == line
+    assert tally.where_line(points, k, processes) == line
 
 
 def test_a_batchs_first_line_says_where_it_trains(tmp_path, monkeypatch, capsys):

@@ -30,7 +30,7 @@ def execute(profile: Profile, point: dict, processes: int = 1, kernels: Kernels 
     (status, detail): ok, skipped, failed, held (another batch or process runs it), preempted
     (a signal stopped its run, which recorded where), stopped (a signal came before it
     trained) or NOTEBOOK_FAILED. A finished point is skipped unless it is a rerun (kit.run
-    rerun=true: its run replaces the finished one only by ending ok, kit.runs.frame). Only the
+    rerun=true: its run replaces the finished one only by ending ok, kit.runs.lifecycle). Only the
     batch that ran the point writes its executed notebook. processes > 1: torchrun
     (kit.train.finetune), no notebook; its workers get `grace_s` after a signal. nodes > 1:
     this node's share of a run on nodes meeting at `rdzv` (HOST:PORT); every node launches

@@ -10,7 +10,7 @@ a CPU; on a GPU the K kernels share it. A slot takes a whole chain (kit.config.g
 point that reads another point's output runs after it, in that slot), so no two points of a
 chain ever run at once. A signal reaches every running point (kit.cluster.signals passes it on
 to each), no slot starts a point after it, and the batch stops as with one point
-(kit.cluster.grid.stopped, over every point it stopped). Points another batch holds are tried
+(kit.cluster.tally.stopped, over every point it stopped). Points another batch holds are tried
 again at the end, until --lock-wait, as before.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kit.cluster import grid
+from kit.cluster import tally
 from kit.cluster.kernels import Kernels
 from kit.cluster.point import NOTEBOOK_FAILED
 from kit.cluster.signals import FORWARD
@@ -48,7 +48,7 @@ class Batch:
     points: list[dict]
     absent: dict[str, str]                          # run id: why its task files are missing
     run: Callable[[dict, Kernels], tuple[str, str]]     # a point in a kernel: (status, detail)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(grid.OUTCOMES, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(tally.OUTCOMES, 0))
     started: float = field(default_factory=time.perf_counter)
     ran: int = 0                # points that ran to an end (the ETA's rate)
     seen: int = 0               # points handled in the first round (the ETA's remainder)
@@ -99,11 +99,11 @@ class Batch:
                     print(f"{head}: held ({detail}): waited for at the end", flush=True)
                 return
             self.counts[status] += 1
-            self.ran += status in grid.TRAINED
+            self.ran += status in tally.TRAINED
             self.notebooks += [cfg] if status == NOTEBOOK_FAILED else []
             left = max(0, len(self.points) - self.seen)
             print(f"{head}: {status}{f' ({detail})' if detail else ''} "
-                  f"{time.perf_counter() - t0:.0f}s{grid.eta(self.started, self.ran, left)}",
+                  f"{time.perf_counter() - t0:.0f}s{tally.eta(self.started, self.ran, left)}",
                   flush=True)
             if status in ("preempted", "stopped"):
                 self.stopped.append(cfg)

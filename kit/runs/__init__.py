@@ -16,13 +16,13 @@
 
 Every reader and writer of a run folder is in this package (torch is not imported at module
 level: tables and figures run without it): `read` (paths, and what the files say), `write`
-(the folder, history, predictions, saved labels) and `frame` (how a run begins and ends: the
+(the folder, history, predictions, saved labels) and `lifecycle` (how a run begins and ends: the
 lock, config.json and metrics.json, and the one rerun protocol). A finished run (metrics.json
 status ok) is reused, unless rerun replaces it with a run that ends ok; a lock keeps two
 processes from training one config at once. `from kit.runs import X` reaches every name of
 `__all__`, the package's API: its one import path outside kit.runs.
 """
-from kit.runs.frame import (KEPT, RunLocked, RunPreempted, aside_line, base_record,
+from kit.runs.lifecycle import (KEPT, RunLocked, RunPreempted, aside_line, base_record,
                             begin, end_rerun, lock, record_blocked, record_failed,
                             run_recorded)
 from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,

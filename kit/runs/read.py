@@ -1,5 +1,5 @@
 """The outputs contract's readers: where a run's files are (paths) and what they say (reads).
-kit.runs' docstring lists the files; the writers are kit.runs.write and kit.runs.frame."""
+kit.runs' docstring lists the files; the writers are kit.runs.write and kit.runs.lifecycle."""
 from __future__ import annotations
 
 import csv
@@ -28,7 +28,7 @@ def run_dir_of(cfg: RunConfig) -> Path:
 
 
 def previous_dir(cfg: RunConfig) -> Path:
-    """.<run_id>.previous: a finished run's files that a rerun set aside (kit.runs.frame)."""
+    """.<run_id>.previous: a finished run's files that a rerun set aside (kit.runs.lifecycle)."""
     return runs_root(cfg.outputs_dir) / f".{cfg.run_id}.previous"
 
 

@@ -1,5 +1,5 @@
 """The outputs contract's writers of a run's files: its folder, history.csv, predictions and
-saved SSA labels (metrics.json and config.json: kit.runs.frame, which records how a run ends).
+saved SSA labels (metrics.json and config.json: kit.runs.lifecycle, which records how a run ends).
 Only the main process of a data-parallel run writes."""
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import torch
 
 from kit.train import loop, run_state
 from kit.train.job import Epoch, Job
+from kit.train.step import to_predictions
 from kit import methods, runs
 from kit.train import metrics as kmetrics
 from kit.models.backbones import load_backbone
@@ -81,7 +82,7 @@ class SingleTask(Job):
     def epoch(self, epoch: int, probe, unwrapped) -> Epoch:
         cfg, task = self.cfg, self.tasks[0]
         epoch_set, stats = build_epoch(self.train, self.ssa, epoch,
-                                       lambda ex: loop.to_predictions(probe(ex), task.regression),
+                                       lambda ex: to_predictions(probe(ex), task.regression),
                                        task.regression, self.tokenizer.mask_token_id,
                                        runs.run_dir_of(cfg) if self.writer else None)
         rng = np.random.default_rng([cfg.seed, epoch])
@@ -97,7 +98,7 @@ class SingleTask(Job):
 
     def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
         task = self.tasks[0]
-        results = {name: (loop.to_predictions(predict(ex), task.regression), ex.labels)
+        results = {name: (to_predictions(predict(ex), task.regression), ex.labels)
                    for name, ex in self.dev.items()}
         return (kmetrics.evaluate_splits(task, results),
                 kmetrics.three_subset_stats(task, *results[task.dev_splits[0]]), results)
@@ -112,7 +113,7 @@ class SingleTask(Job):
     def write_test(self, run_dir: Path, predict, unwrapped) -> None:
         cfg, task = self.cfg, self.tasks[0]
         for name, split in self.data.test.items():
-            preds = loop.to_predictions(
+            preds = to_predictions(
                 predict(encode(self.tokenizer, split, cfg.max_length, task.regression,
                                token_cache_dir(cfg.outputs_dir))),
                 task.regression)

@@ -29,19 +29,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kit.train import loop, run_state
 from kit.train.job import Epoch, Job
+from kit.train.step import to_predictions
 from kit import methods, runs
 from kit.train import metrics as kmetrics
-from kit.train import progress as kprogress
 from kit.models.backbones import load_backbone
 from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
 from kit.methods.bert import target_loss
 from kit.methods.embert import MultiTaskModel, MultiTaskSpec, apply_stage, load_multitask
-from kit.config.tasks import get_task
 from kit.data.token_cache import token_cache_dir
 
 SAMPLING = ("prop", "sqrt", "anneal", "round-robin")
@@ -193,7 +191,7 @@ class MultiTask(Job):
         for t, task in enumerate(self.tasks):
             unwrapped.set_task(t)
             results[task.name] = {
-                split: (loop.to_predictions(predict(ex, f"eval {task.name}"), task.regression),
+                split: (to_predictions(predict(ex, f"eval {task.name}"), task.regression),
                         ex.labels) for split, ex in self.dev[t].items()}
             per_task[task.name] = kmetrics.evaluate_splits(task, results[task.name])
             three[task.name] = kmetrics.three_subset_stats(
@@ -222,7 +220,7 @@ class MultiTask(Job):
             for name, split in d.test.items():
                 examples = encode(self.tokenizer, split, self.cfg.max_length, task.regression,
                                   token_cache_dir(self.cfg.outputs_dir))
-                preds = loop.to_predictions(predict(examples), task.regression)
+                preds = to_predictions(predict(examples), task.regression)
                 if self.writer:
                     runs.write_test_predictions(runs.predictions_dir(run_dir, task.name), task,
                                                 name, split, preds)
@@ -249,32 +247,3 @@ class MultiTask(Job):
 def flat_dev(dev: dict) -> dict:
     """{"RTE": {"accuracy": ..}, "score": ..} -> {"score": .., "RTE/accuracy": ..}."""
     return {"score": dev["score"], **kmetrics.flatten_metrics(dev)}
-
-
-# ------------------------------------------------------------------- what the notebook shows
-
-def per_task_table(metrics: dict) -> pd.DataFrame:
-    """One row per task: its official dev metrics at the selected epoch (x1, fractions), the
-    task score, three-subset mean/std and its train rows; comparable with single-task runs."""
-    rows = []
-    for name, values in metrics["per_task"].items():
-        official = kmetrics.reported_metrics(get_task(name))
-        three = metrics["per_task_three_subset"][name]
-        rows.append({"task": name, **{m: values[m] for m in official}, "score": values["score"],
-                     "three_subset_mean": three["mean"], "three_subset_std": three["std"],
-                     "train_rows": metrics["task_sizes"][name]})
-    return pd.DataFrame(rows).set_index("task")
-
-
-def epoch_table(metrics: dict) -> pd.DataFrame:
-    """Per epoch (counted from 1): each task's dev score, the selection score (mean), train
-    loss, stage, batches."""
-    rows = []
-    for e in metrics["epochs"]:
-        scores = {f"{n}": m["score"] for n, m in e["dev"].items() if n != "score"}
-        rows.append({"epoch": kprogress.epoch_number(e["epoch"]), **scores,
-                     "mean_score": e["dev"]["score"], "train_loss": e["train_loss"],
-                     "stage": e["stage"],
-                     "batches": " ".join(f"{n}:{c}" for n, c in e["task_batches"].items()),
-                     "wall_s": e["wall_s"]})
-    return pd.DataFrame(rows).set_index("epoch")

@@ -40,6 +40,11 @@ def epoch_number(epoch):
     return epoch + 1
 
 
+def shown_epoch(epoch: int, epochs: int) -> str:
+    """`1/2` for epoch 0 of 2: progress lines count from 1; records keep the 0-based index."""
+    return f"{epoch_number(epoch)}/{epochs}"
+
+
 class LineBar(terminal_tqdm):
     """tqdm that writes each refresh as its own line (for logs); the final state is a line too."""
 

@@ -141,3 +141,8 @@ def gathered_rows(idx: list[int], n: int, width: int) -> np.ndarray:
     slices = [shard_of(idx, rank, n) for rank in range(n)]
     return np.concatenate([np.pad(np.asarray(s, dtype=np.int64), (0, width - len(s)),
                                   constant_values=-1) for s in slices])
+
+
+def to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
+    """A pass's predictions: the score of a regression, else the class of highest logit."""
+    return logits[:, 0] if regression else logits.argmax(-1)

@@ -1,7 +1,7 @@
 """The tidy frames the paper's figures plot, from `kit.results.frame.collect.load_runs` frames and
 the run folders' files (through kit.runs): gamma sensitivity (Fig. 7), training cost (Fig. 6) and
 SSA label quality on the synthetic task; plus the method order, labels and seed text the figures
-share. kit.results.figures.figures draws these frames; nothing here imports matplotlib or torch.
+share. kit.results.figures.plots draws these frames; nothing here imports matplotlib or torch.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pandas as pd
 from kit import runs
 from kit.results.frame.collect import finished
 from kit.results.frame.no_runs import NoRuns
-from kit.results.tables.tables import METHOD_LABELS, score_scale
+from kit.results.tables.build import METHOD_LABELS, score_scale
 
 GAMMA_METHODS = ("bert-mask", "ssa-co", "ssa-h")
 COST_METHODS = ("bert", "bert-mask", "ssa-h")

@@ -2,7 +2,7 @@
 table (last and held-out epoch, each method against BERT-r with Holm-corrected Welch and permutation
 p), its SSA labels against the synthetic task's true importance mask (from the saved epoch sets of
 `save_labels: true`, read through kit.runs), and the frames
-kit.results.figures.figures.plot_mechanism draws. Works on `kit.results.frame.collect.collect_runs`
+kit.results.figures.plots.plot_mechanism draws. Works on `kit.results.frame.collect.collect_runs`
 frames of one model x task.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kit import methods, runs
-from kit.results.tables import tables
+from kit.results.tables import build
 from kit.models.backbones import load_tokenizer
 from kit.results.figures.figure_data import method_dtype
 from kit.results.frame.collect import finished
@@ -41,8 +41,8 @@ def benchmark_runs(df: pd.DataFrame) -> pd.DataFrame:
                      f"`{run_command('mechanism')}` makes them (or set profile and task)")
     guided = _setting(ok, "guide_loss", "task") != "task"
     equal = _setting(ok, "budget", "epochs") == "equal_steps"
-    label = ok["method"].map(tables.METHOD_LABELS).fillna(ok["method"])
-    order = {name: i for i, name in enumerate(tables.METHOD_LABELS)}
+    label = ok["method"].map(build.METHOD_LABELS).fillna(ok["method"])
+    order = {name: i for i, name in enumerate(build.METHOD_LABELS)}
     rank = ok["method"].map(order).fillna(len(order))
     return ok.assign(method=ok["method"].mask(equal, label + " eq. steps")
                      .mask(guided, label + " + guiding"),
@@ -60,10 +60,10 @@ def _one_setting(bench: pd.DataFrame) -> tuple:
 def _view_cells(view: pd.DataFrame, name: str, baseline: str, scale: int) -> pd.DataFrame:
     """One epoch view's columns: mean ± std (x scale), diff and p_holm of each test."""
     stats = view[view["status"] == "ok"].groupby("method")["score"].agg(["mean", "std"]) * scale
-    cells = pd.DataFrame({name: [tables.mean_std(m, s, 1) for m, s in stats.to_numpy()]},
+    cells = pd.DataFrame({name: [build.mean_std(m, s, 1) for m, s in stats.to_numpy()]},
                          stats.index)
     for test, short in TESTS.items():
-        found = tables.comparisons(view, baseline, test).set_index("method")
+        found = build.comparisons(view, baseline, test).set_index("method")
         cells[f"{name} diff"] = found["diff"].map("{:+.1f}".format)
         cells[f"{name} p_holm {short}"] = found["p_holm"].map("{:.3f}".format) + found["mark"]
     return cells
@@ -75,17 +75,17 @@ def accuracy_table(df: pd.DataFrame, baseline: str = "bert") -> pd.DataFrame:
     Welch's t-test and of the permutation test; blank on the baseline's row."""
     bench = benchmark_runs(df)
     _, task = _one_setting(bench)
-    scale = tables.score_scale(task, bench)
-    cells = [_view_cells(tables.epoch_view(bench, v), v, baseline, scale) for v in VIEWS]
+    scale = build.score_scale(task, bench)
+    cells = [_view_cells(build.epoch_view(bench, v), v, baseline, scale) for v in VIEWS]
     rows = bench.groupby("method").agg(n=("seed", "size"), rank=("row_rank", "first"))
     out = (pd.concat([rows, *cells], axis=1).sort_values(["rank"], kind="stable")
            .drop(columns="rank").fillna("").rename_axis("method").reset_index())
-    out["method"] = out["method"].map(lambda m: tables.METHOD_LABELS.get(m, m))
+    out["method"] = out["method"].map(lambda m: build.METHOD_LABELS.get(m, m))
     n_tests = int((out["last diff"] != "").sum())
     out.attrs["caption"] = (
-        f"Dev {task} score x{scale}, mean ± std over seeds. last: {tables.EPOCH_VIEWS['last']}; "
-        f"heldout: {tables.EPOCH_VIEWS['heldout']}. diff against "
-        f"{tables.METHOD_LABELS.get(baseline, baseline)}; p_holm: two-sided Welch t-test / "
+        f"Dev {task} score x{scale}, mean ± std over seeds. last: {build.EPOCH_VIEWS['last']}; "
+        f"heldout: {build.EPOCH_VIEWS['heldout']}. diff against "
+        f"{build.METHOD_LABELS.get(baseline, baseline)}; p_holm: two-sided Welch t-test / "
         f"permutation test, Holm-Bonferroni-corrected across the {n_tests} comparisons of each "
         f"view and test (* < 0.05, ** < 0.01, gains only). Guided runs (guide_loss) and "
         f"equal-steps runs (budget: equal_steps) are rows of their own.")
@@ -146,9 +146,9 @@ def label_table(records: pd.DataFrame) -> pd.DataFrame:
     ordered = records.assign(method=records["method"].astype(method_dtype(records["method"])))
     stats = ordered.groupby(["method", "epoch"], observed=True)[list(LABEL_COLUMNS)].agg(
         ["mean", "std"])
-    out = pd.DataFrame({label: [tables.mean_std(m, s, 2) for m, s in stats[column].to_numpy()]
+    out = pd.DataFrame({label: [build.mean_std(m, s, 2) for m, s in stats[column].to_numpy()]
                         for column, label in LABEL_COLUMNS.items()})
-    out.insert(0, "SSA labels", [f"{tables.METHOD_LABELS.get(m, m)}, epoch {epoch_number(e)}"
+    out.insert(0, "SSA labels", [f"{build.METHOD_LABELS.get(m, m)}, epoch {epoch_number(e)}"
                                  for m, e in stats.index])
     out.attrs["caption"] = (
         "SSA labels against the true importance mask per probed epoch (labels from the model "
@@ -162,7 +162,7 @@ def label_table(records: pd.DataFrame) -> pd.DataFrame:
 
 def figure_scores(df: pd.DataFrame) -> pd.DataFrame:
     """plot_mechanism's left panel: method (`benchmark_runs`), seed, last-epoch score."""
-    view = tables.epoch_view(benchmark_runs(df), "last")
+    view = build.epoch_view(benchmark_runs(df), "last")
     return view.loc[view["status"] == "ok", ["method", "seed", "score"]].reset_index(drop=True)
 
 

@@ -1,6 +1,6 @@
 """Collect run folders into one frame: `load_runs` (a row per run, from kit.runs' readers),
 `collect_runs` (a profile's runs, filtered) and `finished` (the OK runs of some methods: the filter
-every figure starts from). The tables built on that frame are kit.results.tables.tables,
+every figure starts from). The tables built on that frame are kit.results.tables.build,
 kit.results.tables.selection and kit.results.tables.fold_tables; kit.results.tables.table_sets picks
 a profile's set and kit.results.tables.writers writes it.
 

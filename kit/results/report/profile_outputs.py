@@ -14,7 +14,7 @@ from kit.results.tables import table_sets, writers
 from kit.results.frame.collect import load_runs
 from kit.runs import config_path, run_dir_of
 
-# each of kit.config.profiles.FIGURES: its function in kit.results.figures.figures (by name:
+# each of kit.config.profiles.FIGURES: its function in kit.results.figures.plots (by name:
 # matplotlib is imported only when a profile draws)
 DRAW = {"label-quality": "label_quality_figure", "cost": "cost_figure", "gamma": "gamma_figure"}
 
@@ -41,16 +41,16 @@ def write(profile: Profile, outputs_dir: str, show: bool = False) -> list[Path]:
 def figure(profile: Profile, kind: str, outputs_dir: str, show: bool) -> Path | None:
     """One of the profile's figures, drawn from its grid's runs; None, with one line, when they
     hold nothing to draw (e.g. no SSA run finished): the tables and results stand."""
-    from kit.results.figures import figures          # matplotlib: only for a profile that draws
+    from kit.results.figures import plots          # matplotlib: only for a profile that draws
     if kind not in DRAW:     # load_profile checked the names; a Profile made by hand may not be
         raise ConfigError(f"{profile.path}: unknown figure {kind!r}; choose from "
                           f"{', '.join(DRAW)}")
     try:     # the profile by its file: a YAML elsewhere may share a name with one in params/
-        fig = getattr(figures, DRAW[kind])(outputs_dir=outputs_dir, profile=str(profile.path))
+        fig = getattr(plots, DRAW[kind])(outputs_dir=outputs_dir, profile=str(profile.path))
     except ValueError as err:
         print(f"figure {kind}: not drawn ({str(err).splitlines()[0]})", flush=True)
         return None
-    path = figures.save_figure(fig, outputs_dir, f"{profile.name}-{kind}")
+    path = plots.save_figure(fig, outputs_dir, f"{profile.name}-{kind}")
     if show:
         print(f"figure: {path}", flush=True)
     return Path(path)

@@ -4,9 +4,9 @@ The runs are grouped by method and by the config fields that differ between runs
 and model (seeds and the fields that do not change what is computed, RunConfig._NOT_IDENTITY,
 aside), e.g. by lr when two lrs of one method were run; task and model stay columns of their
 own, since no mean is taken across tasks. Per group: n, the mean and std over its runs of the
-task score and each metric (kit.results.tables.tables.summary_table), and the test of each group
+task score and each metric (kit.results.tables.build.summary_table), and the test of each group
 against a baseline group on the task score with Holm-Bonferroni across the table
-(kit.results.tables.tables.comparisons, with kit.results.frame.stats' Welch / permutation tests).
+(kit.results.tables.build.comparisons, with kit.results.frame.stats' Welch / permutation tests).
 `latest_runs` finds the run folders started last, for a notebook that compares them.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pandas as pd
 from kit import runs
 from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
-from kit.results.tables import tables
+from kit.results.tables import build
 from kit.results.frame.collect import load_runs, mixed_environments
 
 # config fields that never make a group: a run's seed, a k-fold run's fold (summary_table keeps
@@ -84,17 +84,17 @@ def compare_runs(run_dirs: Iterable[str | os.PathLike], by: Sequence[str] | None
     groups = [k for k in keys if k not in PER_TASK]
     column = groups[0] if len(groups) == 1 else "group"
     df = df.assign(method=group_labels(df, groups))       # tables.* group on `method`
-    summary = tables.summary_table(df)
+    summary = build.summary_table(df)
     labels = list(dict.fromkeys(summary["method"]))
     baseline = baseline or ("bert" if groups == ["method"] and "bert" in labels else labels[0])
     if baseline not in labels:
         raise ValueError(f"compare_runs: baseline {baseline!r} is no group; groups: "
                          f"{', '.join(labels)}")
-    tested = tables.comparisons(df, baseline=baseline, test=test)
+    tested = build.comparisons(df, baseline=baseline, test=test)
     out = summary.merge(tested[["model", "task", "method", "diff", "p", "p_holm", "mark"]],
                         on=["model", "task", "method"], how="left")
-    scales = [tables.score_scale(t, df[df["task"] == t]) for t in out["task"]]
-    out.insert(3, "score", [tables.mean_std(m * s, sd * s, 1) for m, sd, s in zip(
+    scales = [build.score_scale(t, df[df["task"] == t]) for t in out["task"]]
+    out.insert(3, "score", [build.mean_std(m * s, sd * s, 1) for m, sd, s in zip(
         out["score_mean"], out["score_std"], scales)])
     out = out.rename(columns={"method": column, "n_seeds": "n"})
     out.attrs.update(baseline=baseline, notes=_notes(df, out, column), caption=_caption(
@@ -117,5 +117,5 @@ def _caption(baseline: str, test: str, comparisons: int) -> str:
     return (f"Per task, model and group: n OK runs, the task score's mean ± sample std over "
             f"them (x100 where the task is shown x100; the _mean / _std columns are fractions). "
             f"diff: the group's mean minus {baseline}'s (x100 where shown x100); p: two-sided "
-            f"{tables.TEST_NAMES[test]} on the task score; p_holm: Holm-Bonferroni across these "
+            f"{build.TEST_NAMES[test]} on the task score; p_holm: Holm-Bonferroni across these "
             f"{comparisons} comparisons; marks (*, **: p_holm < 0.05, 0.01) on gains only.")

@@ -15,7 +15,7 @@ import pandas as pd
 from kit import runs
 from kit.config.run_config import RunConfig
 from kit.train.metrics import compute_metrics
-from kit.results.tables.tables import fold_runs, sorted_groups
+from kit.results.tables.build import fold_runs, sorted_groups
 from kit.config.tasks import csv_task
 from kit.train.progress import epoch_number
 

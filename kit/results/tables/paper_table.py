@@ -1,6 +1,6 @@
 """The paper's Table 2 layout from collected runs: per method a row of "mean ± std (n=..)" cells in
 GLUE column order, significance marks against BERT-r (Holm-corrected,
-`kit.results.tables.tables.comparisons`), degenerate cells flagged and left out of Avg, and
+`kit.results.tables.build.comparisons`), degenerate cells flagged and left out of Avg, and
 optionally the paper's published row and the measured-minus-published row under each method
 (`kit.results.tables.paper_results`).
 
@@ -15,13 +15,13 @@ import pandas as pd
 
 from kit.train.metrics import reported_metrics
 from kit.results.tables.paper_results import PAPER_TASKS, PaperRow, paper_row
-from kit.results.tables.tables import (EPOCH_VIEWS, METHOD_LABELS, TEST_NAMES, comparisons,
+from kit.results.tables.build import (EPOCH_VIEWS, METHOD_LABELS, TEST_NAMES, comparisons,
                                        degenerate, epoch_view, fold_runs, official_metrics,
                                        ok_runs, percent_task, sorted_groups, status_counts,
                                        task_rank)
 from kit.config.tasks import GLUE_TASKS
 
-DEGENERATE = "†"     # a degenerate cell (kit.results.tables.tables.degenerate)
+DEGENERATE = "†"     # a degenerate cell (kit.results.tables.build.degenerate)
 
 
 def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) -> str:
@@ -109,7 +109,7 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
     method's (`comparisons`: two-sided `test`, Holm-corrected across the table, p < 0.05 /
     0.01; lower scores are never marked). "†" flags a degenerate cell (the same score on every
     seed, or a constant predictor's exact 0 on MCC / Pearson, one seed included:
-    `kit.results.tables.tables.degenerate`); a task with one is left out of every row's Avg, so the
+    `kit.results.tables.build.degenerate`); a task with one is left out of every row's Avg, so the
     averages stay comparable.
     Avg averages the task scores as GLUE does, over every percent-scored column (a synthetic task
     counts as one), "n/a" when a task has no OK run. The caption

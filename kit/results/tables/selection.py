@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from kit.results.tables.tables import score_scale, sorted_groups
+from kit.results.tables.build import score_scale, sorted_groups
 
 # Hyper-parameters a grid may vary (the paper's section 4.3 grid and the SSA knobs).
 HYPERPARAMETERS = ("lr", "batch_size", "epochs", "alpha", "beta", "gamma", "warmup_ratio",

@@ -16,7 +16,7 @@ from kit.results.frame.collect import table_notes
 from kit.results.frame.no_runs import NoRuns, run_command
 from kit.results.tables.selection import select_runs, selection_table
 from kit.train.progress import epoch_number
-from kit.results.tables.tables import (budget_view, comparisons, epoch_table, epoch_view,
+from kit.results.tables.build import (budget_view, comparisons, epoch_table, epoch_view,
                                        fold_runs, runs_table, summary_table)
 
 

@@ -7,7 +7,8 @@ mechanism: mechanism's; PROFILE_NOTEBOOKS) when its grid has finished runs, else
 `task = ""` is its runs' one task, the synthetic one among several (`pick_figure_task`); the case
 study's a task with checkpointed runs of both methods, SST-2 first (`pick_task`); a figure drawn
 without some of its methods says so in one line (`present_methods`). With nothing to show,
-`NoRuns` (kit.results.frame.no_runs): one line naming the command that makes the runs.
+`NoRuns` (kit.results.frame.no_runs): one line naming the command that makes the runs. Which
+profiles have finished runs is kit.results.frame.discover's.
 """
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ import pandas as pd
 
 from kit import runs
 from kit.config.paths import outputs_root
-from kit.config.run_config import ConfigError
-from kit.config.profiles import profile_path
-from kit.results.frame.collect import finished, profile_run_dirs
+from kit.results.frame.collect import finished
+from kit.results.frame.discover import finished_runs
 from kit.results.frame.no_runs import MAIN, NoRuns, run_command
 
 CASE_STUDY_TASKS = ("SST-2",)       # the paper's case study is on SST-2 reviews
@@ -36,56 +36,6 @@ def own_profile(notebook: str) -> str:
                 MAIN)
 
 
-def finished_profiles(outputs_dir: str | os.PathLike = "outputs",
-                      candidates: Sequence[str] = ()) -> dict[str, float]:
-    """{profile in params/: the modification time of the newest finished run of its grid} for
-    `candidates` and every profile a finished run's config.json names. Membership is by run id
-    (`profile_run_dirs`, as the tables count): a grid whose points another profile finished
-    first is found, though their config.json names that other profile. (Only those profiles:
-    expanding every grid in params/ takes seconds.)"""
-    return {name: max(times) for name, times in _finished_runs(outputs_dir, candidates).items()}
-
-
-def _finished_runs(outputs_dir, candidates: Sequence[str]) -> dict[str, list[float]]:
-    """{profile: the metrics.json times of its grid's finished runs} (see finished_profiles)."""
-    root = runs.runs_root(outputs_dir)
-    finished, named = {}, []                   # {run id: its metrics.json time}, read once
-    for run_dir in runs.run_folders(root) if root.is_dir() else []:
-        if (when := _finished_at(run_dir)) is None:
-            continue
-        finished[run_dir.name] = when
-        try:
-            named.append((runs.read_config(run_dir) or {}).get("profile"))
-        except (OSError, ValueError):          # a corrupt file: collect_runs names it later
-            continue
-    found = {}
-    for name in dict.fromkeys([*candidates, *sorted(filter(None, named))]):
-        if _in_params(name):
-            times = [finished[d.name] for d in profile_run_dirs(name, outputs_dir) or []
-                     if d.name in finished]
-            if times:
-                found[name] = times
-    return found
-
-
-def _finished_at(run_dir) -> float | None:
-    """metrics.json's modification time for a finished run; None for any other, or for one a
-    rerun moves away while it is read."""
-    try:
-        if (runs.readable_metrics(run_dir) or {}).get("status") != "ok":
-            return None
-        return runs.metrics_path(run_dir).stat().st_mtime
-    except OSError:
-        return None
-
-
-def _in_params(name: str) -> bool:
-    try:
-        return profile_path(name).parent.name == "params"
-    except ConfigError:
-        return False
-
-
 def pick_profile(outputs_dir: str | os.PathLike = "outputs", profile: str = "",
                  notebook: str = "") -> str:
     """`profile` when given; "" picks, of the profiles whose grid has finished runs, the
@@ -97,7 +47,7 @@ def pick_profile(outputs_dir: str | os.PathLike = "outputs", profile: str = "",
         return profile
     own = own_profile(notebook)
     preferred = list(dict.fromkeys([own, MAIN]))
-    found = _finished_runs(outputs_dir, preferred)
+    found = finished_runs(outputs_dir, preferred)
     if not found:
         raise NoRuns(f"no finished runs of a profile under {runs.runs_root(outputs_dir)}: "
                      f"`{run_command(own)}` makes them, then run this notebook again")

@@ -8,7 +8,7 @@ Three views (`by`):
     attention    the last layer's [CLS] attention from the best checkpoint (every method),
                  scaled to each sentence's largest weight
 `auto` picks labels when the run saved some, else P(important) for a run with a token head,
-else attention. The checkpoint views read kit.results.figures.token_view.token_scores on the first
+else attention. The checkpoint views read kit.results.figures.model_scores.token_scores on the first
 dev sentences (or sentences of your own). On the synthetic task the true cue words (the Examples'
 `importance`, kit.data.synthetic) are underlined; each sentence shows its label and prediction.
 
@@ -31,7 +31,8 @@ from kit.config.tasks import Split, get_task
 from kit.data.pipeline import encode
 from kit.models.backbones import load_tokenizer
 from kit.results.views.model_view import dev_sample
-from kit.results.figures.token_view import label_name, token_scores
+from kit.results.figures.model_scores import token_scores
+from kit.results.figures.token_view import label_name
 
 VIEWS = {"labels": "SSA label", "p_important": "P(important), the token head",
          "attention": "[CLS] attention, last layer (scaled to the sentence's largest)"}
@@ -145,7 +146,7 @@ def label_tokens(run_dir: Path, n: int = 6, epoch: int | None = None) -> TokenVi
 def score_tokens(run_dir: Path, n: int = 6, by: str = "p_important",
                  sentences=None) -> TokenView:
     """A checkpoint view (p_important or attention) of the dev set's first `n` sentences, or
-    of `sentences` (no label, no cue marks), through token_view.token_scores."""
+    of `sentences` (no label, no cue marks), through model_scores.token_scores."""
     config = runs.read_config(run_dir) or {}
     task = _task(config)
     if sentences is None:
@@ -185,7 +186,7 @@ def score_tokens(run_dir: Path, n: int = 6, by: str = "p_important",
 
 def _token_rows(sid, tokens, values, importance, segments, label, prediction, confidence):
     """One sentence's rows of a TokenView frame (byte-level BPE's and SentencePiece's word
-    markers left out of the shown word-piece, as token_view does)."""
+    markers left out of the shown word-piece, as model_scores does)."""
     return [{"sentence_id": sid, "position": i, "value": float(values[i]),
              "token": str(t).replace("Ġ", "").replace("▁", ""),
              "cue": np.nan if importance is None else float(importance[i]),

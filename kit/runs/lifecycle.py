@@ -1,4 +1,4 @@
-"""How a run begins and ends in its folder: the frame every run trains in (`run_recorded`: a
+"""How a run begins and ends in its folder: the lifecycle every run trains in (`run_recorded`: a
 finished run reused, the lock, config.json, metrics.json ok / failed / preempted) and the one
 rerun protocol, which every door follows (kit.train's fit, kit.batch, kit.run, torchrun).
 
@@ -49,7 +49,7 @@ def base_record(cfg: RunConfig) -> dict:
 
 def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict],
                  reused: Callable[[dict], None] = lambda metrics: None) -> dict:
-    """The frame of every run: a finished config is reused (`reused(its metrics)`) unless
+    """The lifecycle of every run: a finished config is reused (`reused(its metrics)`) unless
     cfg.rerun, whose run replaces it only by ending ok (the rerun protocol above); one process
     trains a run at a time (RunLocked otherwise); config.json first, then metrics.json ok, or
     failed and the error. `body(cfg, run_dir)` trains, returns the metrics; a killed run (a

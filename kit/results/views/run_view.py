@@ -1,4 +1,5 @@
-"""What the notebooks show: small tables and matplotlib figures built from a run's outputs."""
+"""What the notebooks show: small tables and matplotlib figures built from a run's outputs
+(a multi-task run's: `per_task_table`, `multitask_epoch_table`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from kit import runs
+from kit.config.tasks import get_task
+from kit.train.metrics import reported_metrics
 from kit.train.progress import dev_columns, epoch_number
 
 
@@ -63,3 +66,30 @@ def plot_loss(run_dir: str | Path, ax=None):
     ax.set_ylabel("training loss")
     ax.legend()
     return ax
+
+
+def per_task_table(metrics: dict) -> pd.DataFrame:
+    """One row per task: its official dev metrics at the selected epoch (x1, fractions), the
+    task score, three-subset mean/std and its train rows; comparable with single-task runs."""
+    rows = []
+    for name, values in metrics["per_task"].items():
+        official = reported_metrics(get_task(name))
+        three = metrics["per_task_three_subset"][name]
+        rows.append({"task": name, **{m: values[m] for m in official}, "score": values["score"],
+                     "three_subset_mean": three["mean"], "three_subset_std": three["std"],
+                     "train_rows": metrics["task_sizes"][name]})
+    return pd.DataFrame(rows).set_index("task")
+
+
+def multitask_epoch_table(metrics: dict) -> pd.DataFrame:
+    """Per epoch (counted from 1): each task's dev score, the selection score (mean), train
+    loss, stage, batches."""
+    rows = []
+    for e in metrics["epochs"]:
+        scores = {f"{n}": m["score"] for n, m in e["dev"].items() if n != "score"}
+        rows.append({"epoch": epoch_number(e["epoch"]), **scores,
+                     "mean_score": e["dev"]["score"], "train_loss": e["train_loss"],
+                     "stage": e["stage"],
+                     "batches": " ".join(f"{n}:{c}" for n, c in e["task_batches"].items()),
+                     "wall_s": e["wall_s"]})
+    return pd.DataFrame(rows).set_index("epoch")

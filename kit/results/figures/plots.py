@@ -3,7 +3,7 @@ training cost (Fig. 6), SSA label quality on the synthetic task, the mechanism b
 the case study (Fig. 8); `save_figure` writes outputs/figures/<name>.png atomically.
 
 Each figure is a data function (kit.results.figures.figure_data; the case study's
-kit.results.figures.token_view, the only one that loads models), a plot function here (from that
+kit.results.figures.model_scores, the only one that loads models), a plot function here (from that
 frame only) and a `<kind>_figure` that does both in one call from a profile's runs
 (`kit.results.frame.collect.collect_runs`).
 """
@@ -25,7 +25,8 @@ from kit.results.figures.figure_data import (COST_METHODS, GAMMA_METHODS, LABEL_
                                              label_quality, method_label, method_order,
                                              seeds_text, single)
 from kit.results.frame.collect import collect_runs, finished
-from kit.results.figures.token_view import PAPER_SENTENCES, case_study_data, find_run
+from kit.results.figures.model_scores import PAPER_SENTENCES, case_study_data
+from kit.results.figures.token_view import find_run
 
 # Colours and markers from the method registry; markers as well as colours: methods stay apart
 # in greyscale print and for colour-blind readers.
