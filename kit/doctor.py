@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from kit.config.paths import kit_commit
 from kit.config.run_config import ConfigError
 from kit.train import accel, provenance, tracking
+from kit.models.regional_compile import GRAPHS_MIN_STEPS
 from kit.data import hub  # noqa: E402
 from kit.data.pipeline import PROJECT_GLUE, glue_source  # noqa: E402
 from kit.data.readers import DataError  # noqa: E402
@@ -166,10 +167,10 @@ COMPILE_LINE = ("off — compile: true compiles the encoder's layer: 1-2% off a 
 
 
 def graphs_line(device: str) -> str:
-    """What `cuda_graphs: auto` does here and why (kit.train.accel.resolve_cuda_graphs)."""
+    """What `cuda_graphs: auto` does here and why (kit.models.regional_compile.resolve_cuda_graphs)."""
     if device != "cuda":
         return f"off — CUDA graphs replay on a CUDA GPU only; this machine trains on {device}"
-    return (f"on for runs of {accel.GRAPHS_MIN_STEPS:,}+ steps without attention guiding, else "
+    return (f"on for runs of {GRAPHS_MIN_STEPS:,}+ steps without attention guiding, else "
             "off — measured on an H200 (BERT-base, bf16, batch 32): 65 steps/s with graphs "
             "against 20 eager, after ~70 s of compilation (break-even ~2,100 steps)")
 

@@ -68,7 +68,8 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
          start_s: float | None = None) -> dict:
     """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`.
     `start_s`: a kernel's start (default: this process's, `started_s`)."""
-    from kit.train.accel import cpu_threads, machine_device, planned_steps, resolve_cuda_graphs
+    from kit.models.regional_compile import planned_steps, resolve_cuda_graphs
+    from kit.train.accel import cpu_threads, machine_device
     from kit.train.speed_probe import model_probe
     import kit.train.finetune  # noqa: F401 (what a kernel imports before its first point)
     start_s = started_s() if start_s is None else start_s

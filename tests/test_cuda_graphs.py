@@ -88,5 +88,5 @@ def test_capture_keeps_the_parameters_and_state_dict_names(monkeypatch):
     ("auto", "mps", 10**6, True, False)])
 def test_auto_takes_graphs_where_a_gpu_measured_them_faster(requested, device, steps, eligible,
                                                            want):
-    from kit.train.accel import resolve_cuda_graphs
+    from kit.models.regional_compile import resolve_cuda_graphs
     assert resolve_cuda_graphs(requested, device, steps, eligible) is want

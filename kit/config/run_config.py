@@ -106,7 +106,7 @@ class RunConfig:
     cuda_graphs: str = knob("auto", "auto | off | on: the encoder compiled with mode "
                                     "reduce-overhead (CUDA graphs, one per length bucket; implies "
                                     "length_buckets); auto: on for CUDA runs of 4,200+ steps "
-                                    "without attention maps (kit.train.accel.resolve_cuda_graphs)")
+                                    "without attention maps (kit.models.regional_compile.resolve_cuda_graphs)")
     dropout_rng: str = knob("auto", "auto | torch | packed: dropout's mask from 16-bit lanes of "
                                     "random words (kit.models.packed_dropout); auto: packed for "
                                     "bf16 on a CPU (kit.train.accel.resolve_dropout_rng)")

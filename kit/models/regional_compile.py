@@ -21,6 +21,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# cuda_graphs: auto's threshold. Measured on one H200 (bench/gpu.sh, BERT-base, bf16, SST-2,
+# batch 32; docs/benchmarks.md): 20.2 steps/s eager, 65.3 with graphs, after 72 s of compilation
+# on 16 host cores: break-even at ~2,100 steps. Twice that, for hosts that compile slower.
+GRAPHS_MIN_STEPS = 4200
+
+
+def planned_steps(epochs: int, rows: int, batch_size: int, grad_accum: int = 1) -> int:
+    """The optimizer steps of `rows` examples over `epochs` (what cuda_graphs: auto weighs;
+    SSA's and BERT-mask's extra examples come on top)."""
+    return epochs * -(-rows // (batch_size * grad_accum))
+
+
+def resolve_cuda_graphs(requested: str, device: str, steps: int, eligible: bool) -> bool:
+    """What `cuda_graphs` means: `on` compiles the encoder with CUDA graphs (kit.models.
+    regional_compile.capture_graphs; on a CPU the same compilation, with no graphs to replay).
+    `auto`: on where a GPU measured it faster - a CUDA run of at least GRAPHS_MIN_STEPS `steps`
+    that is `eligible`: its encoder returns no attention maps (attention guiding's eager
+    attention has not met the graphs on a GPU) and is not compiled layer-wise - else off."""
+    if requested != "auto":
+        return requested == "on"
+    return device == "cuda" and eligible and steps >= GRAPHS_MIN_STEPS
+
+
+
+
+
 # torch.compile's backend for capture_graphs (tests on a CPU set "aot_eager": the same graph
 # capture without inductor's minutes of code generation)
 GRAPH_BACKEND = "inductor"

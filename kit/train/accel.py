@@ -121,24 +121,6 @@ def resolve_dropout_rng(requested: str, device: str, precision: str,
 GRAPHS_MIN_STEPS = 4200
 
 
-def planned_steps(epochs: int, rows: int, batch_size: int, grad_accum: int = 1) -> int:
-    """The optimizer steps of `rows` examples over `epochs` (what cuda_graphs: auto weighs;
-    SSA's and BERT-mask's extra examples come on top)."""
-    return epochs * -(-rows // (batch_size * grad_accum))
-
-
-def resolve_cuda_graphs(requested: str, device: str, planned_steps: int,
-                        eligible: bool) -> bool:
-    """What `cuda_graphs` means: `on` compiles the encoder with CUDA graphs (kit.models.
-    regional_compile.capture_graphs; on a CPU the same compilation, with no graphs to replay).
-    `auto`: on where a GPU measured it faster - a CUDA run of at least GRAPHS_MIN_STEPS steps
-    that is `eligible`: its encoder returns no attention maps (attention guiding's eager
-    attention has not met the graphs on a GPU) and is not compiled layer-wise - else off."""
-    if requested != "auto":
-        return requested == "on"
-    return device == "cuda" and eligible and planned_steps >= GRAPHS_MIN_STEPS
-
-
 def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,
                      log_with: list | None = None, find_unused_parameters: bool = False):
     """accelerate with autocast at the resolved precision: prepare() wraps the model's forward, so

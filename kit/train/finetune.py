@@ -31,7 +31,7 @@ from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
 from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask
 from kit.train.pretrain import Pretrain
-from kit.train.accel import planned_steps
+from kit.models.regional_compile import planned_steps
 from kit.runs import RunPreempted
 from kit.train.preemption import PREEMPTED_EXIT
 from kit.methods.ssa import SSASettings

@@ -28,9 +28,9 @@ from kit.train import progress as kprogress
 from kit.train import run_state
 from kit import runs
 from kit.train import tracking as ktracking
-from kit.models.regional_compile import capture_graphs, compile_layers
+from kit.models.regional_compile import capture_graphs, compile_layers, resolve_cuda_graphs
 from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
-                             reset_peak_memory, resolve_cuda_graphs, resolve_dropout_rng)
+                             reset_peak_memory, resolve_dropout_rng)
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import Examples
 from kit.data.tensors import collate
