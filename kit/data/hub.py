@@ -98,14 +98,19 @@ def read_hub_split(task: Task, split: str) -> Split:
         raise DataError(f"the Hugging Face hub is unreachable ({reason}), so GLUE {task.name} "
                         f"cannot be downloaded; use a local copy of GLUE: {GLUE_HINT}")
     from datasets import load_dataset   # heavy import, only once the hub is really used
+    return load_hub_split(task, _hub_split_name(split), load_dataset,
+                          f"; use a local copy of GLUE: {GLUE_HINT}")
 
-    hub_split = _hub_split_name(split)
+
+def load_hub_split(task: Task, hub_split: str, load, hint: str = "") -> Split:
+    """One split of a task from the hub through `load` (datasets.load_dataset), as a Split;
+    a failure to load is one DataError line naming the source (`hint` appended)."""
     source = f"hf://datasets/{_HUB_DATASET}/{task.hub_config}/{hub_split}"
     try:
-        data = load_dataset(_HUB_DATASET, task.hub_config, split=hub_split)
+        data = load(_HUB_DATASET, task.hub_config, split=hub_split)
     except Exception as err:  # network, auth, cache: whatever it is, say it in one line
-        raise DataError(f"{source}: loading from the hub failed ({type(err).__name__}: {err}); "
-                        f"use a local copy of GLUE: {GLUE_HINT}") from err
+        raise DataError(f"{source}: loading from the hub failed ({type(err).__name__}: {err})"
+                        f"{hint}") from err
     return split_from_hub(task, data, getattr(data.features["label"], "names", None), source)
 
 
@@ -148,14 +153,7 @@ def fetch_task(task: Task, folder: Path, load=None) -> dict[str, int]:
         from datasets import load_dataset as load
     rows = {}
     for split, hub_split in hub_splits(task).items():
-        source = f"hf://datasets/{_HUB_DATASET}/{task.hub_config}/{hub_split}"
-        try:
-            data = load(_HUB_DATASET, task.hub_config, split=hub_split)
-        except Exception as err:  # network, auth, cache: whatever it is, say it in one line
-            raise DataError(f"{source}: loading from the hub failed ({type(err).__name__}: "
-                            f"{err})") from err
-        split_data = split_from_hub(task, data, getattr(data.features["label"], "names", None),
-                                    source)
+        split_data = load_hub_split(task, hub_split, load)
         kio.write_text(folder / task.name / f"{split}.tsv", glue_tsv(task, split, split_data))
         rows[split] = len(split_data)
     return rows
