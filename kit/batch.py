@@ -64,12 +64,13 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
     per_device = per_device or profile.per_device
     # a shard takes whole chains: a point that reads another point's output runs after it, here
     points = resume_first(shard_points(profile.points, shard_spec))
-    steps = {p: (r.get("preempted") or {}).get("step") for p, r in tally.records(points).items()}
+    records = tally.records(points)         # every point's metrics.json, read once
+    steps = {p: (r.get("preempted") or {}).get("step") for p, r in records.items()}
     started = time.perf_counter()
     absent = preflight(profile, points)
     if not ignore_disk:
-        costs.check_disk(points, {k for k, r in tally.records(points).items()
-                                  if r.get("status") == "ok"}, outputs_root(outputs_dir))
+        costs.check_disk(points, {k for k, r in records.items() if r.get("status") == "ok"},
+                         outputs_root(outputs_dir))
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s; "
           f"{tally.where_line(points, per_device, processes * nodes)}", flush=True)
