@@ -40,7 +40,6 @@ from kit.models.backbones import ModelError, is_hub_id, load_tokenizer
 MARGIN = 1.5                # slurm --time: the longest task's prediction x MARGIN ...
 MARGIN_MIN_S = 600          # ... and at least this much more (start-up, a slower node)
 MARGIN_TEXT = f"x{MARGIN} + {MARGIN_MIN_S // 60} min"
-GB = 1024 ** 3
 
 
 def tokenizer_of(model: str):
@@ -200,7 +199,7 @@ def slurm_request(points: list[dict], probes: dict, start_s: float = 0.0) -> dic
     gpu = any(p["device"].startswith("cuda") for p in probes.values())
     memory = max((p["model_bytes"] * 4 if gpu else p["peak_memory_bytes"]
                   for p in probes.values()), default=0)
-    mem_gb = max(4, math.ceil(memory * MARGIN / GB) + 2)
+    mem_gb = max(4, math.ceil(memory * MARGIN / costs.GB) + 2)
     return {"tasks": tasks, "time": hms(seconds), "time_s": seconds,
             "longest_task_s": round(longest, 1), "margin": MARGIN_TEXT,
             "mem": f"{mem_gb}G", "gpus_per_task": 1 if gpu else 0}
