@@ -126,10 +126,7 @@ def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -
             use_packed_dropout(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         model, optimizer = accelerator.prepare(model, optimizer)
-        ids = torch.randint(1000, 20000, (PROBE_BATCH, PROBE_LENGTH), device=accelerator.device)
-        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                 "special_mask": torch.zeros_like(ids, dtype=torch.bool),
-                 "labels": torch.randint(0, 2, (PROBE_BATCH,), device=accelerator.device)}
+        batch = _random_batch(PROBE_BATCH, PROBE_LENGTH, 20000, accelerator.device)
         sync = {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}
 
         def step(full: bool):
