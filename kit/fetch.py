@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None, load=None, download=None) -> int:
         folder = input_path(args.glue_dir)
         for task in tasks:
             rows = hub.fetch_task(task, folder, load)
+            if rows is None:
+                print(f"{task.name}: kept, its GLUE files are already in {folder / task.name} "
+                      "(delete that folder to fetch it again)", flush=True)
+                continue
             print(f"{task.name}: {', '.join(f'{s} {n}' for s, n in rows.items())} rows -> "
                   f"{folder / task.name}", flush=True)
         for model in args.model:

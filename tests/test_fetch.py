@@ -74,6 +74,28 @@ def test_fetched_tasks_are_glue_files_the_reader_reads_back(tmp_path, monkeypatc
     assert test.labels is None and len(test) == sizes["test"]
 
 
+def test_fetch_never_replaces_glue_files_nor_writes_half_a_task(tmp_path, monkeypatch, capsys):
+    """A task whose files are there (the project's copy, an earlier fetch) is kept as it is; a
+    split the hub fails to give leaves no file of the task written."""
+    monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=3.0: None)
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n")
+    assert fetch.main(["RTE", "--glue-dir", str(tmp_path)], load=fake_load) == 0
+    assert capsys.readouterr().out == (f"RTE: kept, its GLUE files are already in "
+                                       f"{tmp_path / 'RTE'} (delete that folder to fetch it "
+                                       "again)\n")
+    assert sorted(p.name for p in (tmp_path / "RTE").iterdir()) == ["train.tsv"]
+
+    def no_test_split(name, config, split):
+        if split == "test":
+            raise ConnectionError("reset by peer")
+        return fake_load(name, config, split)
+    assert fetch.main(["CoLA", "--glue-dir", str(tmp_path)], load=no_test_split) == 2
+    assert "hf://datasets/nyu-mll/glue/cola/test: loading from the hub failed " \
+           "(ConnectionError: reset by peer)" in capsys.readouterr().err
+    assert not (tmp_path / "CoLA").exists()
+
+
 def test_fetch_offline_is_one_line_and_writes_nothing(tmp_path, capsys):
     assert fetch.main(["RTE", "--glue-dir", str(tmp_path / "g")], load=fake_load) == 2
     err = capsys.readouterr().err

@@ -146,14 +146,19 @@ def label_text(task: Task, value) -> str:
     return f"{float(value):.7g}" if task.regression else task.labels[int(value)]
 
 
-def fetch_task(task: Task, folder: Path, load=None) -> dict[str, int]:
+def fetch_task(task: Task, folder: Path, load=None) -> dict[str, int] | None:
     """Every split of a GLUE task from the hub (`load`: datasets.load_dataset) written as GLUE
-    files into folder/<TASK>/ (each written beside and renamed: no half file); {split: rows}."""
+    files into folder/<TASK>/; {split: rows}. Every split is loaded before any file is written
+    (a failure leaves the folder as it was, never half of one release), each file written
+    beside and renamed. None, writing nothing, where the folder already holds the task's files:
+    GLUE files there (the project's own copy, or an earlier fetch) are never replaced."""
+    target = folder / task.name
+    if any(target.glob("*.tsv")):
+        return None
     if load is None:
         from datasets import load_dataset as load
-    rows = {}
-    for split, hub_split in hub_splits(task).items():
-        split_data = load_hub_split(task, hub_split, load)
-        kio.write_text(folder / task.name / f"{split}.tsv", glue_tsv(task, split, split_data))
-        rows[split] = len(split_data)
-    return rows
+    splits = {split: load_hub_split(task, hub_split, load)
+              for split, hub_split in hub_splits(task).items()}
+    for split, data in splits.items():
+        kio.write_text(target / f"{split}.tsv", glue_tsv(task, split, data))
+    return {split: len(data) for split, data in splits.items()}
