@@ -8,10 +8,14 @@ Rows and token lengths come from the tasks' own files (kit.cluster.costs; GLUE's
 labelled so, where the files are absent). Time and memory come from a short probe of the
 profile's own models at those lengths on this device (kit.train.speed_probe.model_probe, built
 from the model's config with random weights: only its config and tokenizer are needed, from the
-Hugging Face cache offline): ~BUDGET s for each distinct model x length class x batch. A point's
-time = its training batches x the probe's s/step + its evaluated rows (dev each epoch, test,
-SSA's probing) x the probe's s/row + building the model and tokenizing its rows; a batch (and
-each slurm task) adds its kernel's start, timed as this process's own start-up and imports.
+Hugging Face cache offline): ~BUDGET s for each distinct model x length class x batch, the
+classes multiples of 8 tokens around each point's mean padded length (the line between them).
+A point's time = its training batches x s/step + its evaluated rows (dev each epoch, test,
+SSA's probing) x s/row + building the model and tokenizing its rows + its checkpoint writes
+(each `last` and `best`, timed as the probe writes one) + its notebook around the run. A
+batch (and each slurm task) adds, once, this process's own start-up and imports and what a
+two-point batch of the tiny model measured beyond its runs: the kernel's start, its first
+imports and the batch's end (tables, report) - `batch_probe`, ~10 s.
 --per-device K: K points at once, each probed with cores / K threads (CPU); the total divides
 by K.
 """
@@ -64,14 +68,16 @@ def saved_bytes(tokenizer) -> int:
 
 
 def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None,
-         start_s: float | None = None) -> dict:
+         start_s: float | None = None, overhead: dict | None = None) -> dict:
     """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`.
-    `start_s`: a kernel's start (default: this process's, `started_s`)."""
+    `start_s`: a process's start (default: this process's, `started_s`); `overhead`: what a
+    batch pays around its points (default: measured by `batch_probe`)."""
     from kit.models.regional_compile import planned_steps, resolve_cuda_graphs
     from kit.train.accel import cpu_threads, machine_device
     from kit.train.speed_probe import model_probe
     import kit.train.finetune  # noqa: F401 (what a kernel imports before its first point)
     start_s = started_s() if start_s is None else start_s
+    overhead = batch_probe() if overhead is None else overhead
     probe = probe or model_probe
     device = machine_device()
     threads = max(1, cpu_threads() // per_device)
@@ -90,26 +96,88 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
             tokenizers[cfg.model] = tokenizer_of(cfg.model)
             tok_bytes[cfg.model] = saved_bytes(tokenizers[cfg.model])
         facts = costs.task_facts(cfg, tokenizers[cfg.model])
-        length = costs.probe_length(facts.train_length)
         # the graphs the run's own loop will take (kit.train.loop), probed as it will train
         graphs = resolve_cuda_graphs(cfg.cuda_graphs, device, planned_steps(
             cfg.epochs, facts.train_rows, cfg.batch_size, cfg.grad_accum),
             cfg.guide_loss == "task" and not cfg.compile)
-        key = (cfg.model, length, cfg.batch_size, cfg.eval_batch_size, cfg.freeze_layers,
-               cfg.mixed_precision, graphs)
-        if key not in probes:
-            probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
-                                freeze_layers=cfg.freeze_layers, precision=cfg.mixed_precision,
-                                budget_s=budget_s, threads=threads, graphs=graphs)
-        points.append({**_point(cfg, facts, probes[key], length, tok_bytes[cfg.model]),
+
+        def at(length: int, cfg=cfg, graphs=graphs) -> dict:
+            key = (cfg.model, length, cfg.batch_size, cfg.eval_batch_size, cfg.freeze_layers,
+                   cfg.mixed_precision, graphs)
+            if key not in probes:
+                probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
+                                    freeze_layers=cfg.freeze_layers,
+                                    precision=cfg.mixed_precision, budget_s=budget_s,
+                                    threads=threads, graphs=graphs)
+            return probes[key]
+        points.append({**_point(cfg, facts, between(at, facts.train_length),
+                                between(at, facts.dev_length), between(at, facts.eval_length),
+                                tok_bytes[cfg.model], overhead["per_point_s"]),
                        "run_id": run_id})
     planned = [p for p in points if "seconds" in p]
-    total = _total(planned, per_device, start_s, shared=device != "cpu")
+    once_s = start_s + overhead["once_s"]
+    total = _total(planned, per_device, once_s, shared=device != "cpu")
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
             "device": _device(probes), "points": points,
             "probes": [{"model": k[0], "rows": k[2], "length": k[1], **p}
                        for k, p in probes.items()],
-            "total": total, "slurm": slurm_request(planned, probes, start_s)}
+            "batch": {"start_s": round(start_s, 1), **overhead},
+            "total": total, "slurm": slurm_request(planned, probes, once_s)}
+
+
+def between(at, length: float) -> dict:
+    """A probe's numbers at a mean `length`: on the line between the probes `at` its two length
+    classes (kit.cluster.costs.length_classes); memory and bytes the upper class's where the
+    line reaches it."""
+    lower, upper, w = costs.length_classes(length)
+    low = at(lower)
+    if w == 0:
+        return low
+    high = at(upper)
+    return {**high, **{k: low[k] + w * (high[k] - low[k]) for k in ("s_per_step",
+                                                                     "s_per_eval_batch")}}
+
+
+NOT_PROBED = {"once_s": 0.0, "per_point_s": 0.0}     # `overhead` where a margin holds it
+# the batch kit.plan's batch_probe runs: two points of the tiny model, a second each
+PROBE_GRID = {"task": "synthetic", "method": "bert", "seed": [0, 1], "model": "tiny",
+              "synthetic_size": 64, "epochs": 1, "lr": 5.0e-3, "save_checkpoints": False}
+
+
+def batch_probe() -> dict:
+    """What a batch pays besides its points' runs, measured by running one: PROBE_GRID through
+    kit.batch (its warm kernel, the points' notebooks, the tables and the report) into a
+    temporary folder, its lines kept quiet. `per_point_s`: a point's notebook around its run
+    (papermill, the cells after fit(), the namespace reset before the next): the second
+    point's, which the kernel's start does not touch; `once_s`: the rest beyond the runs' own
+    wall_s.total (the kernel's start, its first imports, the batch's end)."""
+    import contextlib
+    import io
+
+    import yaml
+
+    from kit import runs
+    from kit.batch import run_profile
+    with tempfile.TemporaryDirectory() as folder:
+        profile = Path(folder) / "plan-probe.yaml"
+        profile.write_text(yaml.safe_dump({"grid": PROBE_GRID}))
+        outputs = str(Path(folder) / "outputs")
+        quiet = io.StringIO()
+        started = time.time()
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            failed = run_profile(str(profile), outputs_dir=outputs)
+        seconds = time.time() - started
+        dirs = [runs.run_dir_of(RunConfig.from_dict(p))
+                for p in load_profile(str(profile), outputs).points]
+        spans = [runs.notebook_span(d) for d in dirs]
+        walls = [(runs.read_metrics(d) or {}).get("wall_s", {}).get("total") for d in dirs]
+        if failed or None in spans or None in walls:
+            raise ConfigError("the plan's probe batch (a tiny model on the synthetic task) "
+                              f"failed: {quiet.getvalue().strip().splitlines()[-1:]}")
+    (_, end1), (start2, end2) = spans
+    per_point = start2 - end1 + end2 - start2 - walls[1]
+    return {"once_s": round(max(seconds - sum(walls) - 2 * per_point, 0.0), 1),
+            "per_point_s": round(max(per_point, 0.0), 2)}
 
 
 def started_s() -> float:
@@ -123,18 +191,29 @@ def _label(cfg: RunConfig) -> str:
     return f"{cfg.task} {cfg.method} s{cfg.seed}"
 
 
-def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
-           tokenizer_bytes: int) -> dict:
+def _point(cfg: RunConfig, facts: costs.TaskFacts, train: dict, evaluate: dict, probing: dict,
+           tokenizer_bytes: int, notebook_s: float) -> dict:
+    """A point's cost from the probes (`between`) at its training batches' length, its dev and
+    test rows' and its training rows' (what SSA probes)."""
     work = costs.work(cfg, facts)
-    # batches are probed at the length class the point's mean batch rounds to: a step's cost
-    # is not proportional to its tokens (weights, optimizer), so it is taken as it is
-    train_s = work.steps * probe["s_per_step"]
-    eval_s = work.eval_rows / cfg.eval_batch_size * probe["s_per_eval_batch"]
+    # a step's cost is not proportional to its tokens (weights, optimizer): it is taken as probed
+    train_s = work.steps * train["s_per_step"]
+    eval_s = ((work.eval_rows - work.probe_rows) * evaluate["s_per_eval_batch"]
+              + work.probe_rows * probing["s_per_eval_batch"]) / cfg.eval_batch_size
     # the model built, the rows tokenized; with CUDA graphs each run compiles and records its
     # own (a kernel's first compilation, as probed: inductor's cache makes later ones shorter)
-    prepare_s = probe["build_s"] + facts.tokenize_s + probe.get("graph_warmup_s", 0.0)
-    seconds = train_s + eval_s + prepare_s
-    disk = costs.disk(cfg, facts, probe["model_bytes"], probe["optimizer_bytes"],
+    prepare_s = train["build_s"] + facts.tokenize_s + train.get("graph_warmup_s", 0.0)
+    # `last` every epoch and every checkpoint_minutes; `best` each epoch it improves where it is
+    # kept or predicts the test set (counted as every epoch: an upper bound), its share of `last`
+    last_s = train.get("checkpoint_s", 0.0)
+    best_s = last_s * train["model_bytes"] / (train["model_bytes"] + train["optimizer_bytes"])
+    inside = int(train_s // (cfg.checkpoint_minutes * 60)) if cfg.checkpoint_minutes else 0
+    if cfg.checkpoint_steps:
+        inside = max(inside, work.steps // cfg.checkpoint_steps)
+    keeps_best = cfg.save_checkpoints or bool(facts.test_rows)
+    write_s = (work.epochs + inside) * last_s + (work.epochs * best_s if keeps_best else 0.0)
+    seconds = train_s + eval_s + prepare_s + write_s + notebook_s
+    disk = costs.disk(cfg, facts, train["model_bytes"], train["optimizer_bytes"],
                       tokenizer_bytes)
     return {"run_id": cfg.run_id, "label": _label(cfg), "model": cfg.model,
             "train_rows": facts.train_rows, "dev_rows": facts.dev_rows,
@@ -144,9 +223,10 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, probe: dict, length: int,
             "extra_examples": work.extra_rows, "eval_rows": work.eval_rows,
             "seconds": round(seconds, 1), "train_s": round(train_s, 1),
             "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1),
-            "memory_bytes": probe["peak_memory_bytes"],
+            "checkpoint_s": round(write_s, 1), "notebook_s": round(notebook_s, 1),
+            "memory_bytes": max(p["peak_memory_bytes"] for p in (train, evaluate, probing)),
             "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
-            "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": probe.get("graphs", False)}
+            "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": train.get("graphs", False)}
 
 
 # K points on one GPU share its kernels' time: what that gains is measured, not modelled
@@ -155,19 +235,19 @@ SHARED_K_NOTE = ("K points share one GPU: the total is not divided by K (bench/g
                  "what K gains; docs/benchmarks.md)")
 
 
-def _total(points: list[dict], per_device: int, start_s: float, shared: bool = False) -> dict:
-    """The profile's totals. `shared`: the K points at once share one accelerator, whose
-    probe timed it alone; the seconds stay the serial sum (a CPU's K points each probed on
+def _total(points: list[dict], per_device: int, once_s: float, shared: bool = False) -> dict:
+    """The profile's totals, a batch's `once_s` (its process, kernel and end) included.
+    `shared`: the K points at once share one accelerator, whose probe timed it alone; the seconds stay the serial sum (a CPU's K points each probed on
     cores / K threads run side by side: its total divides by K)."""
     seconds = sum(p["seconds"] for p in points)
     divisor = 1 if shared else per_device
     kept = sum(p["disk_kept_bytes"] for p in points)
     # while K points run, each may hold its peak; the finished ones keep what they keep
     peak = kept + sum(sorted((p["disk_peak_bytes"] for p in points), reverse=True)[:per_device])
-    return {"runs": len(points), "seconds": round(seconds / divisor + start_s, 1),
+    return {"runs": len(points), "seconds": round(seconds / divisor + once_s, 1),
             "k_note": SHARED_K_NOTE if shared and per_device > 1 else "",
-            "device_hours": round((seconds + start_s) / 3600, 2),
-            "start_s": round(start_s, 1),
+            "device_hours": round((seconds + once_s) / 3600, 2),
+            "once_s": round(once_s, 1),
             "steps": sum(p["steps"] for p in points),
             "memory_bytes": max((p["memory_bytes"] for p in points), default=0) * per_device,
             "disk_kept_bytes": kept, "disk_needed_bytes": peak}
@@ -186,14 +266,14 @@ def _device(probes: dict) -> str:
             f"({precision})")
 
 
-def slurm_request(points: list[dict], probes: dict, start_s: float = 0.0) -> dict:
+def slurm_request(points: list[dict], probes: dict, once_s: float = 0.0) -> dict:
     """What `./run_all.sh slurm` asks for: the array's default tasks (one per point here, at
     most kit.slurm.DEFAULT_TASKS_CAP), each running its points one after another; --time the
     longest task's predicted seconds x MARGIN + MARGIN_MIN_S; --mem the probes' peak memory
     (CPU) or host memory for the weights and data (GPU) with the same margin; a GPU a task
     where the probes ran on one."""
     tasks = max(1, min(len(points), DEFAULT_TASKS_CAP))
-    longest = start_s + max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)),
+    longest = once_s + max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)),
                             default=0.0)
     seconds = math.ceil(longest * MARGIN + MARGIN_MIN_S)
     gpu = any(p["device"].startswith("cuda") for p in probes.values())
@@ -210,7 +290,7 @@ def task_time(result: dict, groups: list[list[str]]) -> tuple[str, float]:
     one after another (a point the plan could not time counts as its profile's slowest)."""
     seconds = {p["run_id"]: p["seconds"] for p in result["points"] if "seconds" in p}
     slowest = max(seconds.values(), default=0.0)
-    longest = result["total"]["start_s"] + max(
+    longest = result["total"]["once_s"] + max(
         (sum(seconds.get(r, slowest) for r in g) for g in groups), default=0.0)
     return hms(longest * MARGIN + MARGIN_MIN_S), longest
 
@@ -259,6 +339,8 @@ def render(result: dict, outputs: Path) -> str:
              f"memory {size(t['memory_bytes'])}; disk kept {size(t['disk_kept_bytes'])}, needed "
              f"{size(t['disk_needed_bytes'])} with the runs in flight (free in {outputs}: "
              f"{size(free)})" + (f"; {t['k_note']}" if t.get("k_note") else ""),
+             f"batch: {duration(t['once_s'])} once (start-up, the kernel, the tables and "
+             f"report), {result['batch']['per_point_s']:.1f} s a point around its run",
              f"slurm: --time {s['time']} (the longest of {s['tasks']} task(s), "
              f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}, "
              f"{s['gpus_per_task']} GPU(s) a task",

@@ -167,7 +167,9 @@ def planned_time(profile, args: argparse.Namespace) -> tuple[str, str]:
     device) or where the plan cannot be made (a model not cached offline ...)."""
     from kit import plan
     try:
-        result = plan.plan(profile, budget_s=1.0)
+        # a batch's own start and end (plan.batch_probe, ~10 s to measure) sit well inside
+        # --time's margin: not probed here, where every submission would pay for it
+        result = plan.plan(profile, budget_s=1.0, overhead=plan.NOT_PROBED)
     except (ModelError, DataError) as err:
         raise ConfigError(f"no --time given and no plan to take it from ({err})") from None
     tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]

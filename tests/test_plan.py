@@ -109,7 +109,11 @@ def fake_probe(model, rows, length, eval_rows, **_):
     """A probe's numbers made from its arguments: the plan's arithmetic, checked exactly."""
     return {"s_per_step": rows * length / 1000, "s_per_eval_batch": eval_rows / 1000,
             "build_s": 1.0, "peak_memory_bytes": 1000 * length, "model_bytes": 4000,
-            "optimizer_bytes": 8000, "device": "cpu", "precision": "no", "steps": 3}
+            "optimizer_bytes": 8000, "device": "cpu", "precision": "no", "steps": 3,
+            "checkpoint_s": 0.6}
+
+
+AROUND = {"once_s": 2.0, "per_point_s": 0.5}       # a batch's overhead, as batch_probe gives it
 
 
 Facts = namedtuple("Facts", "train_rows dev_rows test_rows")
@@ -123,11 +127,12 @@ Facts = namedtuple("Facts", "train_rows dev_rows test_rows")
 ])
 def test_work_counts_steps_extra_examples_and_evaluated_rows(method, gamma, budget, steps,
                                                              extra, evaluated):
-    facts = costs.TaskFacts(100, 50, 0, 20.0, 18.0, "files", "x", 0.0, 0)
+    facts = costs.TaskFacts(100, 50, 0, 20.0, 18.0, 24.0, "files", "x", 0.0, 0)
     cfg = RunConfig(task="RTE", method=method, gamma=gamma, budget=budget, epochs=3,
                     batch_size=32)
     got = costs.work(cfg, facts)
     assert (got.steps, got.extra_rows, got.eval_rows) == (steps, extra, evaluated)
+    assert got.probe_rows == evaluated - 3 * 50            # SSA's probing of training rows
 
 
 @pytest.mark.parametrize("keep,test,kept,peak", [
@@ -136,7 +141,7 @@ def test_work_counts_steps_extra_examples_and_evaluated_rows(method, gamma, budg
     (False, 5, 10, 10 + 4100 + 2 * 12000),            # best, to predict the test set
 ])
 def test_disk_counts_the_checkpoints_a_run_keeps(keep, test, kept, peak):
-    facts = costs.TaskFacts(100, 50, test, 20.0, 18.0, "files", "x", 0.0, 10)
+    facts = costs.TaskFacts(100, 50, test, 20.0, 18.0, 24.0, "files", "x", 0.0, 10)
     got = costs.disk(RunConfig(save_checkpoints=keep), facts, 4000, 8000, 100)
     assert (got.kept, got.peak) == (kept, peak)
 
@@ -146,7 +151,7 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
         "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
     monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
     profile = load_profile("paper-base", only=["task=RTE,MRPC", "seed=0", "method=bert,ssa-h"])
-    result = plan.plan(profile, probe=fake_probe, start_s=5.0)
+    result = plan.plan(profile, probe=fake_probe, start_s=5.0, overhead=AROUND)
     by = {p["label"]: p for p in result["points"]}
     assert list(by) == ["MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
     rte, mrpc = by["RTE bert s0"], by["MRPC bert s0"]
@@ -156,20 +161,48 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
     assert (mrpc["train_rows"], mrpc["dev_rows"], mrpc["test_rows"]) == (3668, 408, 1725)
     assert mrpc["rows_from"] == costs.OFFICIAL and mrpc["tokens"] == 128   # max_length
     assert rte["steps"] == 3 * 78 and rte["epochs"] == 3 and rte["batch_size"] == 32
-    length = costs.probe_length(rte["tokens"])
-    assert rte["train_s"] == round(3 * 78 * 32 * length / 1000, 1)
+    # the fake s/step is linear in the length: the line between two classes gives it exactly
+    assert rte["train_s"] == pytest.approx(3 * 78 * 32 * rte["tokens"] / 1000, abs=0.2)
     assert rte["eval_s"] == round((3 * 277 + 3000) / 1000, 1) and rte["prepare_s"] >= 1.0
-    assert rte["seconds"] == pytest.approx(rte["train_s"] + rte["eval_s"] + rte["prepare_s"],
-                                           abs=0.15)
+    # `last` each epoch, `best` each epoch (it predicts the test set) at its 4000 / 12000 share
+    assert rte["checkpoint_s"] == pytest.approx(3 * 0.6 + 3 * 0.6 / 3) and rte["notebook_s"] == 0.5
+    assert rte["seconds"] == pytest.approx(rte["train_s"] + rte["eval_s"] + rte["prepare_s"]
+                                           + rte["checkpoint_s"] + 0.5, abs=0.25)
     assert not rte["keeps_checkpoint"] and rte["disk_kept_bytes"] < 200_000   # predictions only
     assert result["total"]["runs"] == 4
     assert result["total"]["seconds"] == pytest.approx(
-        5.0 + sum(p["seconds"] for p in result["points"]))
+        5.0 + 2.0 + sum(p["seconds"] for p in result["points"]))
     assert result["slurm"]["gpus_per_task"] == 0 and result["slurm"]["tasks"] == 4
     longest = max(p["seconds"] for p in result["points"])
-    assert result["slurm"]["time_s"] == int(-(-((5.0 + longest) * plan.MARGIN
+    assert result["slurm"]["time_s"] == int(-(-((7.0 + longest) * plan.MARGIN
                                                 + plan.MARGIN_MIN_S) // 1))
     json.dumps(result)                                        # --json prints it
+
+
+@pytest.mark.parametrize("length, classes", [
+    (3.0, (8, 16, 0.0)), (11.9, (8, 16, 0.4875)), (16.0, (16, 24, 0.0)), (130.0, (128, 136, 0.25))])
+def test_a_points_length_lies_between_two_probed_classes(length, classes):
+    assert costs.length_classes(length) == pytest.approx(classes)
+    probed = []
+
+    def at(n):
+        probed.append(n)
+        return {"s_per_step": n / 100, "s_per_eval_batch": n / 10, "peak_memory_bytes": n}
+    got = plan.between(at, length)
+    lower, upper, w = classes
+    assert got["s_per_step"] == pytest.approx((lower + w * 8) / 100)
+    assert got["s_per_eval_batch"] == pytest.approx((lower + w * 8) / 10)
+    assert probed == ([lower, upper] if w else [lower])        # an exact class: one probe
+    assert got["peak_memory_bytes"] == probed[-1]
+
+
+def test_notebook_span_reads_papermills_stamps_or_none(tmp_path):
+    from kit import runs
+    assert runs.notebook_span(tmp_path) is None
+    runs.notebook_path(tmp_path).write_text(json.dumps({"metadata": {"papermill": {
+        "start_time": "2026-11-28T10:00:00.250000", "end_time": "2026-11-28T10:00:03.000000"}}}))
+    start, end = runs.notebook_span(tmp_path)
+    assert end - start == pytest.approx(2.75)
 
 
 def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
@@ -179,9 +212,12 @@ def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
     assert out[0].startswith("plan of smoke: 2 point(s) on ") and "class" in out[0]
     assert out[2].split()[:6] == ["synthetic", "bert", "s0", "200", "2", "32"]
     assert out[4].startswith("total: 2 run(s), 28 steps, ") and "device-hours), peak" in out[4]
+    # what a batch pays around its runs, measured by running a tiny one (kit.plan.batch_probe)
+    assert re.match(r"batch: \d+ s once \(start-up, the kernel, the tables and report\), "
+                    r"\d+\.\d s a point around its run$", out[5]), out[5]
     # the time itself follows the probes (the machine's load): its form and margin are fixed
     assert re.match(r"slurm: --time \d\d:\d\d:\d\d \(the longest of 2 task\(s\), .*, x1\.5 \+ "
-                    r"10 min\), --mem \d+G, 0 GPU\(s\) a task$", out[5]), out[5]
+                    r"10 min\), --mem \d+G, 0 GPU\(s\) a task$", out[6]), out[6]
 
 
 def test_a_hub_model_not_cached_offline_says_to_fetch_it(monkeypatch):
@@ -222,16 +258,16 @@ def test_on_a_gpu_the_plan_probes_the_graphs_its_long_points_will_take(monkeypat
     seen = []
 
     def probe(model, rows, length, eval_rows, graphs=False, **_):
-        seen.append(graphs)
+        seen.append((length, graphs))
         return {**fake_probe(model, rows, length, eval_rows), "graphs": graphs,
                 "graph_warmup_s": 70.0 if graphs else 0.0}
     profile = load_profile("paper-base", only=["task=RTE,SST-2", "seed=0", "method=bert"])
-    by = {p["label"]: p for p in plan.plan(profile, probe=probe)["points"]}
+    by = {p["label"]: p for p in plan.plan(profile, probe=probe, overhead=AROUND)["points"]}
     rte, sst2 = by["RTE bert s0"], by["SST-2 bert s0"]
     assert (rte["steps"], rte["cuda_graphs"]) == (3 * 78, False)             # 234 < 4,200
     assert (sst2["steps"], sst2["cuda_graphs"]) == (3 * 2105, True)          # 67,349 rows
     assert sst2["prepare_s"] >= 1.0 + 70.0 > rte["prepare_s"]    # build + compilation
-    assert sorted(seen) == [False, True]
+    assert {g for _, g in seen} == {False, True} and len(set(seen)) == len(seen)   # each once
 
 
 def test_a_batch_of_part_of_a_profile_counts_for_the_whole(tmp_path, batch_kernel, capsys):

@@ -27,7 +27,7 @@ from kit.data.pipeline import glue_source, length_grouped_batches, load_task_dat
 from kit.runs import label_text
 
 SAMPLE_ROWS = 2000          # training rows tokenized for the mean length (evenly spaced)
-LENGTH_CLASS = 8            # probes are shared by models whose batches round to one class
+LENGTH_CLASS = 8            # probes are timed at multiples of it and shared by the points
 # GLUE's official split sizes (train, each dev split, each test split), used only where the
 # task's files are absent: gluebenchmark.com's tasks as nyu-mll/glue holds them
 OFFICIAL_ROWS = {
@@ -46,7 +46,8 @@ class TaskFacts:
     dev_rows: int                  # every dev split
     test_rows: int                 # every test split the run predicts
     train_length: float            # mean padded length of a training batch
-    eval_length: float             # mean tokens of a row (evaluation batches are sorted)
+    eval_length: float             # mean tokens of a training row (SSA probes them, sorted)
+    dev_length: float              # mean tokens of a dev (and test) row (evaluated sorted)
     counts: str                    # "files" or OFFICIAL
     source: str                    # where the files come from (kit.data.pipeline.source_label)
     tokenize_s: float              # seconds to tokenize every row of the splits read
@@ -75,23 +76,27 @@ def _facts(cfg: RunConfig, tokenizer) -> TaskFacts:
         train = min(train, cfg.max_train_examples or train)
         rows = sum(dev) + (sum(test) if cfg.predict_test else 0)
         return TaskFacts(train, sum(dev), sum(test) if cfg.predict_test else 0, cfg.max_length,
-                         cfg.max_length, OFFICIAL, source_label(source), 0.0,
+                         cfg.max_length, cfg.max_length, OFFICIAL, source_label(source), 0.0,
                          _prediction_bytes(task, [str(i) for i in range(rows)], rows))
     data = load_task_data(cfg)
     dev = [r for split in data.dev.values() for r in split.ids]
     test = [r for split in data.test.values() for r in split.ids] if cfg.predict_test else []
     lengths, seconds = _lengths(tokenizer, data.train, cfg.max_length)
+    # dev sentences are not training rows' lengths (SST-2's training phrases are half as long)
+    evaluated = [*data.dev.values(), *(data.test.values() if cfg.predict_test else ())]
+    dev_lengths = np.concatenate([_lengths(tokenizer, split, cfg.max_length)[0]
+                                  for split in evaluated]) if evaluated else lengths
     padded = _padded_mean(lengths, cfg.batch_size)
     rows = len(data.train) + len(dev) + len(test)
     where = source_label(source) if source is not None else data.train.source
     return TaskFacts(len(data.train), len(dev), len(test), padded, float(np.mean(lengths)),
-                     "files", where, seconds * rows / len(lengths),
+                     float(np.mean(dev_lengths)), "files", where, seconds * rows / len(lengths),
                      _prediction_bytes(data.task, dev, len(dev)) +
                      _prediction_bytes(data.task, test, len(test)))
 
 
 def _lengths(tokenizer, train, max_length: int) -> tuple[np.ndarray, float]:
-    """Token counts of up to SAMPLE_ROWS evenly spaced training rows, and the seconds taken."""
+    """Token counts of up to SAMPLE_ROWS evenly spaced rows of a split, and the seconds taken."""
     pick = np.unique(np.linspace(0, len(train) - 1, min(SAMPLE_ROWS, len(train))).astype(int))
     sample = train.subset(pick)
     started = time.perf_counter()
@@ -123,6 +128,7 @@ class Work:
     train_rows: int                # rows trained over every epoch
     extra_rows: int                # SSA / BERT-mask: masked variants over every epoch (gamma)
     eval_rows: int                 # rows evaluated (dev every epoch, test once, SSA probing)
+    probe_rows: int                # of them SSA's probing of training rows and variants
 
 
 def work(cfg: RunConfig, facts: TaskFacts) -> Work:
@@ -146,7 +152,8 @@ def work(cfg: RunConfig, facts: TaskFacts) -> Work:
     per_epoch = [n + (extra // late if late and i >= cfg.ssa_start_epoch
                       and cfg.budget != "equal_steps" else 0) for i in range(epochs)]
     steps = sum(math.ceil(rows / cfg.batch_size) for rows in per_epoch)
-    return Work(epochs, steps, trained, extra, facts.dev_rows * epochs + facts.test_rows + probe)
+    return Work(epochs, steps, trained, extra, facts.dev_rows * epochs + facts.test_rows + probe,
+                probe)
 
 
 @dataclass(frozen=True)
@@ -173,10 +180,12 @@ def disk(cfg: RunConfig, facts: TaskFacts, model_bytes: int, optimizer_bytes: in
     return Disk(kept, facts.prediction_bytes + labels + (best if uses_best else 0) + 2 * last)
 
 
-def probe_length(length: float) -> int:
-    """The length class a point's batches are probed at (a multiple of LENGTH_CLASS)."""
-    return max(LENGTH_CLASS, int(round(length / LENGTH_CLASS)) * LENGTH_CLASS)
-
+def length_classes(length: float) -> tuple[int, int, float]:
+    """The two length classes (multiples of LENGTH_CLASS) around a mean length and its weight
+    between them: (lower, upper, w). Probes time the classes; a point's s/step is the line
+    between them at its length (rounding 11.9 tokens to 8 read a step a third short)."""
+    lower = max(LENGTH_CLASS, int(length // LENGTH_CLASS) * LENGTH_CLASS)
+    return lower, lower + LENGTH_CLASS, min(max((length - lower) / LENGTH_CLASS, 0.0), 1.0)
 
 
 # ---------------------------------------------------------------- a batch's disk pre-flight
@@ -207,7 +216,7 @@ def weights_bytes(model: str) -> int | None:
 def checkpoint_disk(cfg: RunConfig, weights: int) -> Disk:
     """A run's checkpoints from its model's weight bytes (`disk` without the probe: AdamW's
     two moments taken as twice the weights, every parameter trained - an upper bound)."""
-    return disk(cfg, TaskFacts(0, 0, int(cfg.predict_test), 0, 0, "", "", 0.0, 0),
+    return disk(cfg, TaskFacts(0, 0, int(cfg.predict_test), 0, 0, 0, "", "", 0.0, 0),
                 weights, 2 * weights, 0)
 
 

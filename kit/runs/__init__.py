@@ -27,7 +27,8 @@ from kit.runs.lifecycle import (KEPT, RunLocked, RunPreempted, aside_line, base_
                             run_recorded)
 from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,
                            dev_predictions_path, finished_metrics, history_path, metrics_path,
-                           metrics_stamp, notebook_error, notebook_path, predictions_dir,
+                           metrics_stamp, notebook_error, notebook_path, notebook_span,
+                           predictions_dir,
                            previous_dir, read_config, read_dev_predictions, read_history,
                            read_json, read_metrics, read_saved_epoch, read_saved_labels,
                            readable_metrics, run_dir_of, run_folders, run_started, runs_root,
@@ -39,6 +40,7 @@ __all__ = [
     "aside_line", "base_record", "begin", "best_checkpoint", "checkpoint_dir", "config_path",
     "dev_predictions_path", "end_rerun", "finished_metrics", "history_path", "KEPT", "label_text",
     "lock", "make_run_dir", "metrics_path", "metrics_stamp", "notebook_error", "notebook_path",
+    "notebook_span",
     "predictions_dir", "previous_dir", "read_config", "read_dev_predictions", "read_history",
     "read_json", "read_metrics", "read_saved_epoch", "read_saved_labels", "readable_metrics",
     "record_blocked", "record_failed", "run_dir_of", "run_folders", "run_recorded", "run_started", "RunLocked",

@@ -49,6 +49,18 @@ def notebook_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / "notebook.ipynb"
 
 
+def notebook_span(run_dir: str | Path) -> tuple[float, float] | None:
+    """(start, end) of the run's executed notebook as papermill stamped it, in seconds since the
+    epoch (kit.plan's batch probe); None where the notebook or its stamps are absent."""
+    from datetime import datetime
+    try:
+        stamps = kio.read_json(notebook_path(run_dir))["metadata"]["papermill"]
+        return tuple(datetime.fromisoformat(stamps[k]).timestamp()
+                     for k in ("start_time", "end_time"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def predictions_dir(run_dir: Path, task_name: str | None = None) -> Path:
     """predictions/, or predictions/<TASK>/ for one task of a multi-task run."""
     return run_dir / "predictions" / (task_name or "")

@@ -5,6 +5,7 @@ implies on this machine, from a line fitted through machines where both were mea
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 
 import torch
@@ -268,7 +269,8 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
     the loop's own step, optimizer groups and precision, then evaluated (no gradients) at
     [eval_rows x length]: s/step, s per evaluation batch, the peak device memory (CUDA:
     max_memory_allocated; CPU: the process's RSS growth) and the byte sizes a run's checkpoint
-    holds (the model's state dict; the optimizer's state after the steps). `graphs`: the
+    holds (the model's state dict; the optimizer's state after the steps) and the seconds to
+    write it (`checkpoint_s`: accelerate's save_state into a temporary folder). `graphs`: the
     encoder captured as a run's `cuda_graphs` does (kit.models.regional_compile), its
     compilation and graph recording timed apart (`graph_warmup_s`: training and evaluation)."""
     from kit.models.regional_compile import capture_graphs
@@ -325,12 +327,16 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
         s_step, steps = time_steps(step, budget_s, warmup=0 if graphs else 1, low=True)
         s_eval, _ = time_steps(forward, budget_s / 3, warmup=0 if graphs else 1, low=True)
         memory = torch.cuda.max_memory_allocated(device) if cuda else weights + rss.growth()
+        with tempfile.TemporaryDirectory() as folder:   # `last` as kit.train.run_state writes it
+            written = time.perf_counter()
+            accelerator.save_state(folder)
+            checkpoint_s = time.perf_counter() - written
         unwrapped = accelerator.unwrap_model(model)
         result = {"s_per_step": s_step, "steps": steps, "s_per_eval_batch": s_eval,
                   "peak_memory_bytes": int(memory), "memory_kind": "max_memory_allocated"
                   if cuda else "weights + RSS growth", "device": str(device), "build_s": built,
                   "precision": accelerator.mixed_precision, "graphs": graphs,
-                  "graph_warmup_s": warmup_s,
+                  "graph_warmup_s": warmup_s, "checkpoint_s": checkpoint_s,
                   "parameters": sum(p.numel() for p in unwrapped.parameters()),
                   "model_bytes": state_bytes(unwrapped.state_dict()),
                   "optimizer_bytes": state_bytes(optimizer.state_dict()["state"]),
