@@ -31,6 +31,9 @@ START = REPO / "tests" / "slurm" / "start-cluster.sh"
 PACKAGES = "apt-get install slurm-wlm munge"
 
 
+# --time given where the plan is not what a test is about (kit.slurm would probe for it)
+TIME = ["--time", "01:00:00"]
+
 def dry_run(*options: str, outputs: Path) -> SimpleNamespace:
     """`./run_all.sh slurm OPTIONS --outputs OUTPUTS` in this process (a new one costs a second
     of imports): its exit status, stdout and stderr."""
@@ -127,7 +130,7 @@ def test_tasks_run_the_grid_as_submitted_not_the_profile_edited_since(tmp_path):
     profile = tmp_path / "mine.yaml"
     profile.write_text((REPO / "params" / "smoke.yaml").read_text())
     out = tmp_path / "out"
-    done = dry_run(str(profile), "--array", "2", "--dry-run", outputs=out)
+    done = dry_run(str(profile), "--array", "2", "--dry-run", *TIME, outputs=out)
     before = [grids.shard_points(load_profile(str(profile), str(out)).points, f"{i}/2")
               for i in (0, 1)]
     smoke = yaml.safe_load(profile.read_text())
@@ -197,14 +200,14 @@ def test_a_stop_that_a_rerun_would_repeat_is_told_apart(where, before, finished,
 def test_the_default_array_is_one_task_per_chain(tmp_path):
     profile = tmp_path / "mine.yaml"
     profile.write_text((REPO / "params" / "smoke.yaml").read_text())
-    done = subprocess.run([sys.executable, "-m", "kit.slurm", "mine.yaml", "--dry-run"],
+    done = subprocess.run([sys.executable, "-m", "kit.slurm", "mine.yaml", "--dry-run", *TIME],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "#SBATCH --array=0-3\n" in done.stdout                # smoke: 4 points
     grid = frozen_grid(done.stdout)
     assert grid.parent.parent == tmp_path / "outputs" / "slurm" and grid.name == "mine.yaml"
     assert f"--outputs {tmp_path / 'outputs'} " in done.stdout
-    tapt = dry_run("tapt-smoke", "--dry-run", outputs=tmp_path / "out")
+    tapt = dry_run("tapt-smoke", "--dry-run", *TIME, outputs=tmp_path / "out")
     assert "#SBATCH --array=0-0\n" in tapt.stdout              # 2 points, 1 chain
 
 
@@ -250,7 +253,7 @@ def test_time_limits_in_slurm_formats(text, seconds):
 
 def test_without_sbatch_the_script_is_written_and_the_error_is_one_line(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}     # python, no sbatch
-    done = subprocess.run([sys.executable, "-m", "kit.slurm", "smoke", "--outputs",
+    done = subprocess.run([sys.executable, "-m", "kit.slurm", "smoke", *TIME, "--outputs",
                            str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
     script = tmp_path / "out" / "slurm" / "smoke.sbatch"
@@ -452,6 +455,7 @@ def test_a_preempted_array_task_is_requeued_and_resumes_to_the_uninterrupted_run
 
     submitted = subprocess.run(
         [sys.executable, "-m", "kit.slurm", str(profile), "--array", "2", "--max-parallel", "2",
+         *TIME,
          "--outputs", str(array_out)], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=60)
     assert submitted.returncode == 0, submitted.stderr
