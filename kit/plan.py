@@ -12,10 +12,10 @@ Hugging Face cache offline): ~BUDGET s for each distinct model x length class x 
 classes multiples of 8 tokens around each point's mean padded length (the line between them).
 A point's time = its training batches x s/step + its evaluated rows (dev each epoch, test,
 SSA's probing) x s/row + building the model and tokenizing its rows + its checkpoint writes
-(each `last` and `best`, timed as the probe writes one) + its notebook around the run. A
-batch (and each slurm task) adds, once, this process's own start-up and imports and what a
-two-point batch of the tiny model measured beyond its runs: the kernel's start, its first
-imports and the batch's end (tables, report) - `batch_probe`, ~10 s.
+(each `last` and `best`, timed as the probe writes one) + its notebook around the run; a
+batch (and each slurm task) adds, once, its process's and kernel's start and imports and its
+end (tables, report): both measured by running a two-point batch of the tiny model
+(kit.cluster.overhead, ~10 s).
 --per-device K: K points at once, each probed with cores / K threads (CPU); the total divides
 by K.
 """
@@ -28,11 +28,11 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from kit.cluster import costs
+from kit.cluster.overhead import NOT_PROBED, batch_probe
 from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
 from kit.config.paths import outputs_root, project_path
 from kit.config.profiles import Profile, load_profile
@@ -68,16 +68,13 @@ def saved_bytes(tokenizer) -> int:
 
 
 def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=None,
-         start_s: float | None = None, overhead: dict | None = None) -> dict:
-    """The plan as a dict (what --json prints): `points`, `probes`, `total`, `slurm`.
-    `start_s`: a process's start (default: this process's, `started_s`); `overhead`: what a
-    batch pays around its points (default: measured by `batch_probe`)."""
+         overhead: dict | None = None) -> dict:
+    """The plan as a dict (what --json prints): `points`, `probes`, `batch`, `total`, `slurm`.
+    `overhead`: what a batch pays around its points' runs (default: measured,
+    kit.cluster.overhead.batch_probe, once a point is planned)."""
     from kit.models.regional_compile import planned_steps, resolve_cuda_graphs
     from kit.train.accel import cpu_threads, machine_device
     from kit.train.speed_probe import model_probe
-    import kit.train.finetune  # noqa: F401 (what a kernel imports before its first point)
-    start_s = started_s() if start_s is None else start_s
-    overhead = batch_probe() if overhead is None else overhead
     probe = probe or model_probe
     device = machine_device()
     threads = max(1, cpu_threads() // per_device)
@@ -112,16 +109,20 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
             return probes[key]
         points.append({**_point(cfg, facts, between(at, facts.train_length),
                                 between(at, facts.dev_length), between(at, facts.eval_length),
-                                tok_bytes[cfg.model], overhead["per_point_s"]),
-                       "run_id": run_id})
+                                tok_bytes[cfg.model]), "run_id": run_id})
     planned = [p for p in points if "seconds" in p]
-    once_s = start_s + overhead["once_s"]
+    if overhead is None:
+        overhead = batch_probe() if planned else NOT_PROBED
+    for p in planned:
+        p["notebook_s"] = overhead["per_point_s"]
+        p["seconds"] = round(p["seconds"] + overhead["per_point_s"], 1)
+    once_s = overhead["once_s"]
     total = _total(planned, per_device, once_s, shared=device != "cpu")
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
             "device": _device(probes), "points": points,
             "probes": [{"model": k[0], "rows": k[2], "length": k[1], **p}
                        for k, p in probes.items()],
-            "batch": {"start_s": round(start_s, 1), **overhead},
+            "batch": overhead,
             "total": total, "slurm": slurm_request(planned, probes, once_s)}
 
 
@@ -138,61 +139,12 @@ def between(at, length: float) -> dict:
                                                                      "s_per_eval_batch")}}
 
 
-NOT_PROBED = {"once_s": 0.0, "per_point_s": 0.0}     # `overhead` where a margin holds it
-# the batch kit.plan's batch_probe runs: two points of the tiny model, a second each
-PROBE_GRID = {"task": "synthetic", "method": "bert", "seed": [0, 1], "model": "tiny",
-              "synthetic_size": 64, "epochs": 1, "lr": 5.0e-3, "save_checkpoints": False}
-
-
-def batch_probe() -> dict:
-    """What a batch pays besides its points' runs, measured by running one: PROBE_GRID through
-    kit.batch (its warm kernel, the points' notebooks, the tables and the report) into a
-    temporary folder, its lines kept quiet. `per_point_s`: a point's notebook around its run
-    (papermill, the cells after fit(), the namespace reset before the next): the second
-    point's, which the kernel's start does not touch; `once_s`: the rest beyond the runs' own
-    wall_s.total (the kernel's start, its first imports, the batch's end)."""
-    import contextlib
-    import io
-
-    import yaml
-
-    from kit import runs
-    from kit.batch import run_profile
-    with tempfile.TemporaryDirectory() as folder:
-        profile = Path(folder) / "plan-probe.yaml"
-        profile.write_text(yaml.safe_dump({"grid": PROBE_GRID}))
-        outputs = str(Path(folder) / "outputs")
-        quiet = io.StringIO()
-        started = time.time()
-        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            failed = run_profile(str(profile), outputs_dir=outputs)
-        seconds = time.time() - started
-        dirs = [runs.run_dir_of(RunConfig.from_dict(p))
-                for p in load_profile(str(profile), outputs).points]
-        spans = [runs.notebook_span(d) for d in dirs]
-        walls = [(runs.read_metrics(d) or {}).get("wall_s", {}).get("total") for d in dirs]
-        if failed or None in spans or None in walls:
-            raise ConfigError("the plan's probe batch (a tiny model on the synthetic task) "
-                              f"failed: {quiet.getvalue().strip().splitlines()[-1:]}")
-    (_, end1), (start2, end2) = spans
-    per_point = start2 - end1 + end2 - start2 - walls[1]
-    return {"once_s": round(max(seconds - sum(walls) - 2 * per_point, 0.0), 1),
-            "per_point_s": round(max(per_point, 0.0), 2)}
-
-
-def started_s() -> float:
-    """Seconds since this process started: its interpreter and imports (torch, transformers,
-    the kit's training code), what a batch's notebook kernel pays before its first point."""
-    import psutil
-    return max(0.0, time.time() - psutil.Process().create_time())
-
-
 def _label(cfg: RunConfig) -> str:
     return f"{cfg.task} {cfg.method} s{cfg.seed}"
 
 
 def _point(cfg: RunConfig, facts: costs.TaskFacts, train: dict, evaluate: dict, probing: dict,
-           tokenizer_bytes: int, notebook_s: float) -> dict:
+           tokenizer_bytes: int) -> dict:
     """A point's cost from the probes (`between`) at its training batches' length, its dev and
     test rows' and its training rows' (what SSA probes)."""
     work = costs.work(cfg, facts)
@@ -212,7 +164,7 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, train: dict, evaluate: dict, 
         inside = max(inside, work.steps // cfg.checkpoint_steps)
     keeps_best = cfg.save_checkpoints or bool(facts.test_rows)
     write_s = (work.epochs + inside) * last_s + (work.epochs * best_s if keeps_best else 0.0)
-    seconds = train_s + eval_s + prepare_s + write_s + notebook_s
+    seconds = train_s + eval_s + prepare_s + write_s
     disk = costs.disk(cfg, facts, train["model_bytes"], train["optimizer_bytes"],
                       tokenizer_bytes)
     return {"run_id": cfg.run_id, "label": _label(cfg), "model": cfg.model,
@@ -223,7 +175,7 @@ def _point(cfg: RunConfig, facts: costs.TaskFacts, train: dict, evaluate: dict, 
             "extra_examples": work.extra_rows, "eval_rows": work.eval_rows,
             "seconds": round(seconds, 1), "train_s": round(train_s, 1),
             "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1),
-            "checkpoint_s": round(write_s, 1), "notebook_s": round(notebook_s, 1),
+            "checkpoint_s": round(write_s, 1),
             "memory_bytes": max(p["peak_memory_bytes"] for p in (train, evaluate, probing)),
             "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
             "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": train.get("graphs", False)}

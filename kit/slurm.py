@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from kit import io as kio
+from kit.cluster.overhead import NOT_PROBED
 from kit.cluster.signals import DEFAULT_GRACE_S
 from kit.cluster.slurm_script import DEFAULT_REQUEUES, DEFAULT_TASKS_CAP, EARLY_S, Array, script
 from kit.config.grids import chains, frozen
@@ -167,9 +168,9 @@ def planned_time(profile, args: argparse.Namespace) -> tuple[str, str]:
     device) or where the plan cannot be made (a model not cached offline ...)."""
     from kit import plan
     try:
-        # a batch's own start and end (plan.batch_probe, ~10 s to measure) sit well inside
+        # a batch's own start and end (kit.cluster.overhead, ~10 s to measure) sit well inside
         # --time's margin: not probed here, where every submission would pay for it
-        result = plan.plan(profile, budget_s=1.0, overhead=plan.NOT_PROBED)
+        result = plan.plan(profile, budget_s=1.0, overhead=NOT_PROBED)
     except (ModelError, DataError) as err:
         raise ConfigError(f"no --time given and no plan to take it from ({err})") from None
     tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]

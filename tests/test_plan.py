@@ -113,7 +113,7 @@ def fake_probe(model, rows, length, eval_rows, **_):
             "checkpoint_s": 0.6}
 
 
-AROUND = {"once_s": 2.0, "per_point_s": 0.5}       # a batch's overhead, as batch_probe gives it
+AROUND = {"once_s": 7.0, "per_point_s": 0.5}       # a batch's overhead, as batch_probe gives it
 
 
 Facts = namedtuple("Facts", "train_rows dev_rows test_rows")
@@ -151,7 +151,7 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
         "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
     monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
     profile = load_profile("paper-base", only=["task=RTE,MRPC", "seed=0", "method=bert,ssa-h"])
-    result = plan.plan(profile, probe=fake_probe, start_s=5.0, overhead=AROUND)
+    result = plan.plan(profile, probe=fake_probe, overhead=AROUND)
     by = {p["label"]: p for p in result["points"]}
     assert list(by) == ["MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
     rte, mrpc = by["RTE bert s0"], by["MRPC bert s0"]
@@ -171,7 +171,7 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
     assert not rte["keeps_checkpoint"] and rte["disk_kept_bytes"] < 200_000   # predictions only
     assert result["total"]["runs"] == 4
     assert result["total"]["seconds"] == pytest.approx(
-        5.0 + 2.0 + sum(p["seconds"] for p in result["points"]))
+        7.0 + sum(p["seconds"] for p in result["points"]))
     assert result["slurm"]["gpus_per_task"] == 0 and result["slurm"]["tasks"] == 4
     longest = max(p["seconds"] for p in result["points"])
     assert result["slurm"]["time_s"] == int(-(-((7.0 + longest) * plan.MARGIN

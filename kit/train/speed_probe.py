@@ -269,10 +269,9 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
     the loop's own step, optimizer groups and precision, then evaluated (no gradients) at
     [eval_rows x length]: s/step, s per evaluation batch, the peak device memory (CUDA:
     max_memory_allocated; CPU: the process's RSS growth) and the byte sizes a run's checkpoint
-    holds (the model's state dict; the optimizer's state after the steps) and the seconds to
-    write it (`checkpoint_s`: accelerate's save_state into a temporary folder). `graphs`: the
-    encoder captured as a run's `cuda_graphs` does (kit.models.regional_compile), its
-    compilation and graph recording timed apart (`graph_warmup_s`: training and evaluation)."""
+    holds (model; optimizer state after the steps) and `checkpoint_s`, the seconds to write
+    them (accelerate's save_state). `graphs`: the encoder captured as a run's `cuda_graphs`
+    does (kit.models.regional_compile), compiling and recording timed (`graph_warmup_s`)."""
     from kit.models.regional_compile import capture_graphs
     from kit.train.accel import make_accelerator
     from kit.train.finetune import loss_terms
@@ -316,34 +315,32 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
                       special_mask=evaluate["special_mask"])
                 model.train()
             sync()
-        warmup_s = 0.0
+        warmup_s = time.perf_counter()
         if graphs:        # compiled on the first call, recorded on the third: full shapes only
             capture_graphs(accelerator.unwrap_model(model))
-            warmup_s = time.perf_counter()
             for _ in range(3):
                 step(True)
                 forward(True)
-            warmup_s = time.perf_counter() - warmup_s
+        warmup_s = time.perf_counter() - warmup_s if graphs else 0.0
         s_step, steps = time_steps(step, budget_s, warmup=0 if graphs else 1, low=True)
         s_eval, _ = time_steps(forward, budget_s / 3, warmup=0 if graphs else 1, low=True)
         memory = torch.cuda.max_memory_allocated(device) if cuda else weights + rss.growth()
         with tempfile.TemporaryDirectory() as folder:   # `last` as kit.train.run_state writes it
-            written = time.perf_counter()
+            checkpoint_s = time.perf_counter()
             accelerator.save_state(folder)
-            checkpoint_s = time.perf_counter() - written
+            checkpoint_s = time.perf_counter() - checkpoint_s
         unwrapped = accelerator.unwrap_model(model)
-        result = {"s_per_step": s_step, "steps": steps, "s_per_eval_batch": s_eval,
-                  "peak_memory_bytes": int(memory), "memory_kind": "max_memory_allocated"
-                  if cuda else "weights + RSS growth", "device": str(device), "build_s": built,
-                  "precision": accelerator.mixed_precision, "graphs": graphs,
-                  "graph_warmup_s": warmup_s, "checkpoint_s": checkpoint_s,
-                  "parameters": sum(p.numel() for p in unwrapped.parameters()),
-                  "model_bytes": state_bytes(unwrapped.state_dict()),
-                  "optimizer_bytes": state_bytes(optimizer.state_dict()["state"]),
-                  "threads": torch.get_num_threads()}
+        return {"s_per_step": s_step, "steps": steps, "s_per_eval_batch": s_eval,
+                "peak_memory_bytes": int(memory), "memory_kind": "max_memory_allocated"
+                if cuda else "weights + RSS growth", "device": str(device), "build_s": built,
+                "precision": accelerator.mixed_precision, "graphs": graphs,
+                "graph_warmup_s": warmup_s, "checkpoint_s": checkpoint_s,
+                "parameters": sum(p.numel() for p in unwrapped.parameters()),
+                "model_bytes": state_bytes(unwrapped.state_dict()),
+                "optimizer_bytes": state_bytes(optimizer.state_dict()["state"]),
+                "threads": torch.get_num_threads()}
     finally:
         torch.set_num_threads(before)
-    return result
 
 
 def _random_batch(rows: int, length: int, vocab: int, device) -> dict:
