@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One call on a GPU machine lent for a few minutes, in the order that matters (docs/gpu.md):
+#   1. the kit's missing dependencies from carried wheels (WHEELS=folder; none: skipped);
+#   2. the CUDA-relevant tests, every failure's name and reason written as it comes (tests.log);
+#   3. bench/gpu.sh with what has not been measured yet (CONTENDERS, GRID_K; OLD_KIT=folder of
+#      the project at a274152 adds kit-old);
+#   4. ./run_all.sh plan paper-base (plan.json, plan.txt), HF_HOME holding bert-base-uncased's
+#      config and tokenizer.
+# Each step has its own time cap (TESTS_S, BENCH_S, PLAN_S), so one that hangs leaves the others
+# their time; everything lands in $OUT. --cpu-smoke: the same steps on a CPU, tiny budgets.
+#   OUT=/tmp/out WHEELS=.gpu/wheels bench/gpu_session.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+OUT=${OUT:-outputs/bench/gpu-session-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+T0=$(date +%s)
+say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/session.log"; }
+SMOKE=""; [ "${1:-}" = "--cpu-smoke" ] && SMOKE=1
+if [ -n "${WHEELS:-}" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site "$WHEELS"/*.whl \
+    > "$OUT/pip.log" 2>&1 || say "wheel install failed: $OUT/pip.log"
+  export PYTHONPATH="$PWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+"$PY" -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'cuda',
+torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU',
+'transformers', transformers.__version__, 'accelerate', accelerate.__version__)" \
+  | tee -a "$OUT/session.log"
+
+TESTS="tests/test_sync_free.py tests/test_precision.py tests/test_preemption.py
+       tests/test_per_device.py tests/test_cuda_graphs.py"
+[ -n "$SMOKE" ] && TESTS="tests/test_cuda_graphs.py"
+# -vv (the project adds -q) -rfE: each outcome on its line as it comes and every failure's
+# reason in the summary (a run cut by its cap never prints a summary)
+timeout -k 5 "${TESTS_S:-150}" "$PY" -m pytest -p no:cacheprovider -vv -rfE --tb=line \
+  -n "${WORKERS:-8}" $TESTS > "$OUT/tests.log" 2>&1
+say "tests exit $?: $(grep -cE ' PASSED' "$OUT/tests.log") passed, $(grep -cE ' FAILED| ERROR' "$OUT/tests.log") failed"
+grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-300 | tee -a "$OUT/session.log"
+
+BENCH=(--contenders "${CONTENDERS:-kit,kit-graphs,trainer-grouped,trainer-compiled}"
+       --grid-k "${GRID_K:-1,4}" --rounds 1 --budget-s "${BUDGET_S:-200}")
+[ -n "${OLD_KIT:-}" ] && BENCH+=(--old-kit "$OLD_KIT") && BENCH[1]="${BENCH[1]},kit-old"
+[ -n "$SMOKE" ] && BENCH=(--cpu-smoke --contenders kit --grid-k 1 --rounds 1 --budget-s 60)
+PY="$PY" OUT="$OUT/bench" timeout -k 5 "${BENCH_S:-230}" bench/gpu.sh "${BENCH[@]}" \
+  > "$OUT/bench.log" 2>&1
+say "bench exit $?: $OUT/bench (results.md, contenders.json)"
+
+PROFILE=paper-base; ONLY=()
+[ -n "$SMOKE" ] && PROFILE=smoke && ONLY=(--only method=bert)
+timeout -k 5 "${PLAN_S:-150}" "$PY" -m kit.plan "$PROFILE" "${ONLY[@]}" --json --budget 2 \
+  > "$OUT/plan.json" 2> "$OUT/plan.log"
+say "plan exit $?"
+"$PY" -c "import json, sys; from pathlib import Path; from kit import plan
+print(plan.render(json.load(open(sys.argv[1])), Path('outputs')))" "$OUT/plan.json" \
+  > "$OUT/plan.txt" 2>&1 && tail -4 "$OUT/plan.txt" | tee -a "$OUT/session.log"
+say "done"
