@@ -301,3 +301,20 @@ def test_k_points_divide_the_total_on_a_cpu_not_on_a_shared_gpu(shared, per_devi
     total = plan._total(points, per_device, 0.0, shared=shared)
     assert total["seconds"] == seconds and total["device_hours"] == round(300 / 3600, 2)
     assert bool(total["k_note"]) == (shared and per_device > 1)
+
+
+def test_a_probe_batch_that_fails_is_one_line_naming_its_last_words(monkeypatch, capsys):
+    """kit.cluster.overhead runs `python -m kit.batch` on two tiny points; a batch that cannot
+    run there (a kernel that will not start ...) stops the plan in one line, not a traceback."""
+    import subprocess
+
+    from kit.cluster import overhead
+    monkeypatch.setattr(overhead.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], 1, "", "Traceback ...\nNoSuchKernel: No such kernel named python3\n"))
+    monkeypatch.setattr(plan, "tokenizer_of", lambda model: __import__(
+        "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
+    monkeypatch.setattr("kit.train.speed_probe.model_probe", fake_probe)
+    assert plan.main(["smoke", "--only", "method=bert"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: the plan's probe batch (two points of the tiny model on the synthetic "
+                   "task) failed, exit 1: NoSuchKernel: No such kernel named python3\n")
