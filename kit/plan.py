@@ -189,8 +189,9 @@ SHARED_K_NOTE = ("K points share one GPU: the total is not divided by K (bench/g
 
 def _total(points: list[dict], per_device: int, once_s: float, shared: bool = False) -> dict:
     """The profile's totals, a batch's `once_s` (its process, kernel and end) included.
-    `shared`: the K points at once share one accelerator, whose probe timed it alone; the seconds stay the serial sum (a CPU's K points each probed on
-    cores / K threads run side by side: its total divides by K)."""
+    `shared`: the K points at once share one accelerator, whose probe timed it alone; the
+    seconds stay the serial sum (a CPU's K points each probed on cores / K threads run side by
+    side: its total divides by K)."""
     seconds = sum(p["seconds"] for p in points)
     divisor = 1 if shared else per_device
     kept = sum(p["disk_kept_bytes"] for p in points)

@@ -49,7 +49,7 @@ def batch_probe() -> dict:
         last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
         raise ConfigError(f"the plan's probe batch (two points of the tiny model on the "
                           f"synthetic task) failed, exit {done.returncode}: {' '.join(last)}")
-    (_, end1), (start2, end2) = spans
+    (_, end1), (_, end2) = spans
     per_point = max(end2 - end1 - walls[1], 0.0)
     return {"once_s": round(max(seconds - sum(walls) - 2 * per_point, 0.0), 1),
             "per_point_s": round(per_point, 2)}
