@@ -1,23 +1,18 @@
 """What a profile will cost before anything trains: per point and in total, the training steps,
 the predicted wall time and peak memory on this machine's device, the disk each run keeps, and
-what `./run_all.sh slurm` would ask for.
+what `./run_all.sh slurm` would ask for (kept in outputs/plans/ for slurm's --time).
 
     ./run_all.sh plan PROFILE [--only KEY=V1,V2 ...] [--per-device K] [--json] [--budget S]
 
-Rows and token lengths come from the tasks' own files (kit.cluster.costs; GLUE's official counts,
-labelled so, where the files are absent). Time and memory come from a short probe of the
-profile's own models at those lengths on this device (kit.train.speed_probe.model_probe, built
-from the model's config with random weights: only its config and tokenizer are needed, from the
-Hugging Face cache offline): ~BUDGET s for each distinct model x length class x batch, the
-classes multiples of 8 tokens around each point's mean padded length (the line between them).
-A point's time = its training batches x s/step + its evaluated rows (dev each epoch, test,
-SSA's probing) x s/row + building the model and tokenizing its rows + its checkpoint writes
-(each `last` and `best`, timed as the probe writes one) + its notebook around the run; a
-batch (and each slurm task) adds, once, its process's and kernel's start and imports and its
-end (tables, report): both measured by running a two-point batch of the tiny model
-(kit.cluster.overhead, ~10 s).
---per-device K: K points at once, each probed with cores / K threads (CPU); the total divides
-by K.
+Rows and token lengths come from the tasks' files (kit.cluster.costs; GLUE's official counts
+where absent). Time and memory: ~BUDGET s of probing per model x length class x batch of the
+profile's own models, built from their configs (kit.train.speed_probe.model_probe), at the
+8-token classes around each point's lengths (the line between them). A point = its batches x
+s/step + its evaluated rows (dev each epoch, test, SSA's probing) x s/row + building the model
+and tokenizing + its checkpoint writes (timed as the probe writes one) + its notebook around
+the run; a batch (each slurm task) adds its process's and kernel's start and its end (tables,
+report), both timed by running a two-point batch of the tiny model (kit.cluster.overhead).
+--per-device K: K points at once, each probed on cores / K threads (CPU); the total divides by K.
 """
 from __future__ import annotations
 
@@ -29,11 +24,14 @@ import shutil
 import sys
 import tempfile
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 from kit.cluster import costs
 from kit.cluster.overhead import NOT_PROBED, batch_probe
 from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
+from kit import io as kio
+from kit.config.grids import frozen
 from kit.config.paths import outputs_root, project_path
 from kit.config.profiles import Profile, load_profile
 from kit.config.run_config import ConfigError, RunConfig
@@ -137,6 +135,21 @@ def between(at, length: float) -> dict:
     high = at(upper)
     return {**high, **{k: low[k] + w * (high[k] - low[k]) for k in ("s_per_step",
                                                                      "s_per_eval_batch")}}
+
+
+def saved_path(profile: Profile, outputs: Path) -> Path:
+    """Where `./run_all.sh plan` keeps its plan of this grid: outputs/plans/NAME-DIGEST.json,
+    DIGEST the hash kit.slurm freezes the same grid under. `./run_all.sh slurm` without --time
+    takes its --time from there (made on a GPU node, it serves the login node's submission)."""
+    return Path(outputs) / "plans" / f"{profile.name}-{frozen(profile)[1]}.json"
+
+
+def saved(profile: Profile, outputs: Path) -> dict | None:
+    """The plan kept for this grid, or None (none, or unreadable)."""
+    try:
+        return kio.read_json(saved_path(profile, outputs))
+    except (OSError, ValueError):
+        return None
 
 
 def _label(cfg: RunConfig) -> str:
@@ -284,7 +297,7 @@ def render(result: dict, outputs: Path) -> str:
                     f"{p['tokens']:>6.0f} {duration(p['seconds']):>9} "
                     f"{size(p['memory_bytes']):>9} {size(p['disk_kept_bytes']):>9}")
     t, s = result["total"], result["slurm"]
-    free = shutil.disk_usage(_existing(outputs)).free
+    free = shutil.disk_usage(costs.existing(outputs)).free
     counted = sorted({f"{p['label'].split()[0]}: {p['rows_from']}, {p['data']}"
                       for p in result["points"] if "rows_from" in p})
     rows += [f"total: {t['runs']} run(s), {t['steps']} steps, {duration(t['seconds'])} "
@@ -300,12 +313,6 @@ def render(result: dict, outputs: Path) -> str:
              "rows: " + "; ".join(counted),
              "extra: SSA / BERT-mask's masked variants (gamma a row; SSA counts every row kept)"]
     return "\n".join(rows)
-
-
-def _existing(path: Path) -> Path:
-    while not path.exists():
-        path = path.parent
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,10 +332,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(args.profile, args.outputs, args.only)
         result = plan(profile, args.per_device or profile.per_device, args.budget)
+        result["made"] = datetime.now().astimezone().isoformat(timespec="seconds")
+        kept = saved_path(profile, Path(args.outputs))
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kio.write_json(kept, result)
     except (ConfigError, DataError, ModelError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1) if args.json else render(result, Path(args.outputs)))
+    print(json.dumps(result, indent=1) if args.json else render(result, Path(args.outputs))
+          + f"\nsaved: {kept} (./run_all.sh slurm without --time takes its --time from it)")
     return 0
 
 

@@ -163,23 +163,35 @@ def array_of(argv: list[str] | None) -> tuple[Array, str, bool, str]:
 
 
 def planned_time(profile, args: argparse.Namespace) -> tuple[str, str]:
-    """--time from the plan of this grid on this machine (kit.plan) and the line that says so;
-    refused where the tasks ask for GPUs this machine lacks (its plan would time the wrong
-    device) or where the plan cannot be made (a model not cached offline ...)."""
+    """--time from a plan and the line that says so: the plan `./run_all.sh plan` saved for
+    this very grid (kit.plan.saved_path) on the kind of device the tasks ask for (a GPU node's
+    for --gpus-per-task), else a plan of this machine made now (its batch's own start and end
+    not probed: the margin holds them); refused where the tasks ask for GPUs, no GPU plan was
+    saved and this machine has no GPU (its plan would time the wrong device), or where no plan
+    can be made."""
     from kit import plan
+    tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
+    groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
+    gpu = bool(args.gpus_per_task)
+    kept = plan.saved(profile, Path(args.outputs))
+    if kept and (kept["slurm"]["gpus_per_task"] > 0) == gpu:
+        time, longest = plan.task_time(kept, groups)
+        return time, (f"--time {time}: from the plan saved at "
+                      f"{plan.saved_path(profile, Path(args.outputs))} ({kept['device']}, "
+                      f"{kept.get('made', '?')}: the longest of {args.array} task(s) "
+                      f"{plan.duration(longest)}, {plan.MARGIN_TEXT}); --time T overrides it")
+    from kit.train.accel import machine_device
+    if gpu and machine_device() != "cuda":
+        raise ConfigError(f"--gpus-per-task {args.gpus_per_task} without --time: no plan of "
+                          f"this grid made on a GPU is saved, and this machine has none; run "
+                          f"./run_all.sh plan {profile.name} (the same --only and --outputs) on "
+                          f"a GPU node, or pass --time")
     try:
         # a batch's own start and end (kit.cluster.overhead, ~10 s to measure) sit well inside
         # --time's margin: not probed here, where every submission would pay for it
         result = plan.plan(profile, budget_s=1.0, overhead=NOT_PROBED)
     except (ModelError, DataError) as err:
         raise ConfigError(f"no --time given and no plan to take it from ({err})") from None
-    tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
-    groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
-    gpu = result["slurm"]["gpus_per_task"] > 0
-    if args.gpus_per_task and not gpu:
-        raise ConfigError(f"--gpus-per-task {args.gpus_per_task} without --time: the plan here "
-                          f"would time this machine's {result['device']}, not the GPU nodes; "
-                          f"run ./run_all.sh plan {profile.name} on a GPU node and pass its --time")
     time, longest = plan.task_time(result, groups)
     return time, (f"--time {time}: from ./run_all.sh plan (the longest of {args.array} task(s) "
                   f"predicted {plan.duration(longest)} on {result['device']}, "

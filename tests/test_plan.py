@@ -218,6 +218,12 @@ def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
     # the time itself follows the probes (the machine's load): its form and margin are fixed
     assert re.match(r"slurm: --time \d\d:\d\d:\d\d \(the longest of 2 task\(s\), .*, x1\.5 \+ "
                     r"10 min\), --mem \d+G, 0 GPU\(s\) a task$", out[6]), out[6]
+    # kept for ./run_all.sh slurm under the grid's digest (tests/test_slurm.py takes it)
+    profile = load_profile("smoke", str(tmp_path), ["method=bert,ssa-h"])
+    kept = plan.saved_path(profile, tmp_path)
+    assert out[-1] == f"saved: {kept} (./run_all.sh slurm without --time takes its --time from it)"
+    assert plan.saved(profile, tmp_path)["total"]["runs"] == 2 and "made" in plan.saved(
+        profile, tmp_path)
 
 
 def test_a_hub_model_not_cached_offline_says_to_fetch_it(monkeypatch):

@@ -570,7 +570,9 @@ def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
                                 "--outputs", str(outputs)], cwd=REPO, env=env,
                                capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stderr
-    assert re.search(r"^--time \S+: from \./run_all\.sh plan", submitted.stdout, re.M)
+    # the plan above was saved for this grid: slurm takes its --time, no second probing
+    assert re.search(r"^--time \S+: from the plan saved at \S+/plans/paper-base-\w+\.json \(",
+                     submitted.stdout, re.M), submitted.stdout
     job = re.search(r"submitted job array (\d+): 4 task\(s\)", submitted.stdout)[1]
     try:
         _wait(lambda: not _queued(job), 600, "the array's end")
@@ -587,3 +589,32 @@ def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
     assert report.returncode == 0, report.stderr
     [table] = (outputs / "tables").rglob("paper-base-results.md")
     assert "BERT-r (paper)" in table.read_text() and "SSA-H (paper)" in table.read_text()
+
+
+def test_slurm_takes_its_time_from_the_plan_saved_for_the_same_grid(tmp_path):
+    """`./run_all.sh plan` on a GPU node saves its plan under the grid's digest; `slurm
+    --gpus-per-task 1` on the login node (no GPU) takes --time from it and says whence. A
+    grid no GPU plan was saved for is refused in one line there, naming the way out."""
+    from kit import plan
+    outputs = tmp_path / "out"
+    profile = load_profile("smoke", str(outputs))
+    path = plan.saved_path(profile, outputs)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({
+        "device": "NVIDIA H200 (bf16)", "made": "2026-11-28T10:00:00+00:00",
+        "points": [{"run_id": RunConfig.from_dict(p).run_id, "seconds": 100.0}
+                   for p in profile.points],
+        "total": {"once_s": 20.0}, "slurm": {"gpus_per_task": 1}}))
+    done = dry_run("smoke", "--gpus-per-task", "1", "--dry-run", outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    # 4 chains, a task each: (20 + 100) x 1.5 + 600 = 780 s
+    assert "#SBATCH --time=00:13:00\n" in done.stdout
+    assert (f"# --time 00:13:00: from the plan saved at {path} (NVIDIA H200 (bf16), "
+            "2026-11-28T10:00:00+00:00: the longest of 4 task(s) 2.0 min, x1.5 + 10 min); "
+            "--time T overrides it") in done.stdout
+    other = dry_run("smoke", "--only", "method=bert", "--gpus-per-task", "1", "--dry-run",
+                    outputs=outputs)
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
+    assert ("no plan of this grid made on a GPU is saved, and this machine has none; run "
+            "./run_all.sh plan smoke (the same --only and --outputs) on a GPU node, or pass "
+            "--time") in other.stderr

@@ -224,15 +224,19 @@ def check_disk(points: list[dict], finished: set[str], outputs: Path) -> None:
     """One ConfigError line when the unfinished points' checkpoints (`disk_needed`) would not
     fit in the outputs folder's free space (kit.batch's pre-flight; --ignore-disk skips it)."""
     needed, counted = disk_needed(points, finished)
-    folder = outputs
-    while not folder.exists():
-        folder = folder.parent
-    free = shutil.disk_usage(folder).free
+    free = shutil.disk_usage(existing(outputs)).free
     if needed > free:
         raise ConfigError(f"{outputs}: the {counted} run(s) to go need {needed / GB:.1f} GB of "
                           f"disk (their checkpoints: ./run_all.sh plan says per run), "
                           f"{free / GB:.1f} GB free there; free space, set save_checkpoints: "
                           "false, or pass --ignore-disk")
+
+
+def existing(path: Path) -> Path:
+    """The path, or its nearest existing parent (an outputs folder not made yet)."""
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def disk_needed(points: list[dict], finished: set[str]) -> tuple[int, int]:
