@@ -44,9 +44,6 @@ def resolve_cuda_graphs(requested: str, device: str, steps: int, eligible: bool)
     return device == "cuda" and eligible and steps >= GRAPHS_MIN_STEPS
 
 
-
-
-
 # torch.compile's backend for capture_graphs (tests on a CPU set "aot_eager": the same graph
 # capture without inductor's minutes of code generation)
 GRAPH_BACKEND = "inductor"

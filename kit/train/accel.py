@@ -115,12 +115,6 @@ def resolve_dropout_rng(requested: str, device: str, precision: str,
     return "packed" if device == "cpu" and precision == "bf16" and not compiled else "torch"
 
 
-# cuda_graphs: auto's threshold. Measured on one H200 (bench/gpu.sh, BERT-base, bf16, SST-2,
-# batch 32; docs/benchmarks.md): 20.2 steps/s eager, 65.3 with graphs, after 72 s of compilation
-# on 16 host cores: break-even at ~2,100 steps. Twice that, for hosts that compile slower.
-GRAPHS_MIN_STEPS = 4200
-
-
 def make_accelerator(mixed_precision: str = "auto", grad_accum: int = 1,
                      log_with: list | None = None, find_unused_parameters: bool = False):
     """accelerate with autocast at the resolved precision: prepare() wraps the model's forward, so
