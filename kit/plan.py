@@ -6,7 +6,7 @@ what `./run_all.sh slurm` would ask for (kept in outputs/plans/ for slurm's --ti
 
 Rows and token lengths come from the tasks' files (kit.cluster.costs; GLUE's official counts
 where absent). Time and memory: ~BUDGET s of probing per model x length class x batch of the
-profile's own models, built from their configs (kit.train.speed_probe.model_probe), at the
+profile's own models, built from their configs (kit.train.model_probe), at the
 8-token classes around each point's lengths (the line between them). A point = its batches x
 s/step + its evaluated rows (dev each epoch, test, SSA's probing) x s/row + building the model
 and tokenizing + its checkpoint writes (timed as the probe writes one) + its notebook around
@@ -72,7 +72,7 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
     kit.cluster.overhead.batch_probe, once a point is planned)."""
     from kit.models.regional_compile import planned_steps, resolve_cuda_graphs
     from kit.train.accel import cpu_threads, machine_device
-    from kit.train.speed_probe import model_probe
+    from kit.train.model_probe import model_probe
     probe = probe or model_probe
     device = machine_device()
     threads = max(1, cpu_threads() // per_device)

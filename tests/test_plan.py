@@ -319,7 +319,7 @@ def test_a_probe_batch_that_fails_is_one_line_naming_its_last_words(monkeypatch,
         a[0], 1, "", "Traceback ...\nNoSuchKernel: No such kernel named python3\n"))
     monkeypatch.setattr(plan, "tokenizer_of", lambda model: __import__(
         "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
-    monkeypatch.setattr("kit.train.speed_probe.model_probe", fake_probe)
+    monkeypatch.setattr("kit.train.model_probe.model_probe", fake_probe)
     assert plan.main(["smoke", "--only", "method=bert"]) == 2
     err = capsys.readouterr().err
     assert err == ("error: the plan's probe batch (two points of the tiny model on the synthetic "

@@ -1,6 +1,6 @@
 """What one grid point costs, before it runs (kit.plan): its data's rows and token lengths, the
 work they make (optimizer steps, SSA's probing and extra examples, evaluation), and the disk the
-run keeps. Times come from kit.train.speed_probe.model_probe; this module counts.
+run keeps. Times come from kit.train.model_probe; this module counts.
 
 Rows are the task's files' rows (what load_task_data reads, max_train_examples applied); where
 the files are absent (a task the hub would give), GLUE's official counts, labelled so, and the

@@ -5,7 +5,6 @@ implies on this machine, from a line fitted through machines where both were mea
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 
 import torch
@@ -113,8 +112,6 @@ def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -
     from kit.methods.bert import HeadSpec, SequenceModel
     from kit.models.packed_dropout import use_packed_dropout
     from kit.train.accel import make_accelerator, resolve_dropout_rng
-    from kit.train.finetune import loss_terms
-    from kit.train.step import train_step
     logging.disable_progress_bar()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -127,14 +124,8 @@ def probe(device: str, precision: str, budget_s: float = 5.0, warmup: int = 2) -
             use_packed_dropout(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         model, optimizer = accelerator.prepare(model, optimizer)
-        batch = _random_batch(PROBE_BATCH, PROBE_LENGTH, 20000, accelerator.device)
-        sync = {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}
-
-        def step(full: bool):
-            inputs = {k: v if full else v[:WARMUP_ROWS] for k, v in batch.items()}
-            train_step(accelerator, model, optimizer,
-                       lambda: loss_terms(model, inputs, regression=False, alpha=1.0), 1.0)
-            sync.get(accelerator.device.type, lambda: None)()
+        step = stepper(accelerator, model, optimizer,
+                       random_batch(PROBE_BATCH, PROBE_LENGTH, 20000, accelerator.device))
         seconds, steps = time_steps(step, budget_s, warmup)
     finally:
         torch.set_num_threads(threads)
@@ -193,157 +184,26 @@ def prediction_line(seconds: float, s_per_step: float, calibration: dict = CALIB
     return f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(machines)}; {why})"
 
 
-# ---------------------------------------------------------------- a profile's models (kit.plan)
-
-def random_model(name: str, num_labels: int = 2):
-    """(SequenceModel, tokenizer) of a model name with random weights, built from its config
-    alone (AutoConfig + from_config): timing and memory need the shapes, not the weights, so a
-    hub model needs only its config and tokenizer in the local cache."""
-    from transformers import AutoConfig, AutoModel
-    from transformers.utils import logging
-    from kit.data.hub import hub_unreachable
-    from kit.methods.bert import HeadSpec, SequenceModel
-    from kit.models.backbones import TINY, is_hub_id, load_backbone, load_tokenizer, model_path
-    logging.disable_progress_bar()
-    if name == TINY:
-        encoder, tokenizer = load_backbone(TINY)
-    else:
-        offline = is_hub_id(name) and hub_unreachable() is not None
-        config = AutoConfig.from_pretrained(model_path(name), local_files_only=offline)
-        encoder, tokenizer = AutoModel.from_config(config), load_tokenizer(name, offline)
-    return SequenceModel(encoder, HeadSpec(num_labels=num_labels)).train(), tokenizer
-
-
-class PeakRss:
-    """The process's resident memory sampled every few ms in a thread: the peak's growth over
-    the RSS at the start (a CPU's "device memory"; ru_maxrss cannot be reset between probes)."""
-
-    def __init__(self, every_s: float = 0.005):
-        import threading
-        import psutil
-        _release_freed()
-        self._process, self._every = psutil.Process(), every_s
-        self.start = self.peak = self._process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self._every):
-            self.peak = max(self.peak, self._process.memory_info().rss)
-
-    def growth(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, self._process.memory_info().rss) - self.start
-
-
-def _release_freed() -> None:
-    """Freed memory back to the system before a baseline (glibc's malloc_trim): an earlier
-    probe's freed blocks stay in the process otherwise, and the next probe grows into them
-    unseen. Elsewhere (no glibc) nothing."""
-    import ctypes
-    import gc
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def state_bytes(state) -> int:
-    """Bytes of the tensors in a (nested) state dict: what torch / safetensors write of it."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    return 0
-
-
-def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers: int = 0,
-                precision: str = "auto", budget_s: float = 3.0, threads: int | None = None,
-                graphs: bool = False) -> dict:
-    """A profile's model (`random_model`) trained for ~budget_s at [rows x length] tokens with
-    the loop's own step, optimizer groups and precision, then evaluated (no gradients) at
-    [eval_rows x length]: s/step, s per evaluation batch, the peak device memory (CUDA:
-    max_memory_allocated; CPU: the process's RSS growth) and the byte sizes a run's checkpoint
-    holds (model; optimizer state after the steps) and `checkpoint_s`, the seconds to write
-    them (accelerate's save_state). `graphs`: the encoder captured as a run's `cuda_graphs`
-    does (kit.models.regional_compile), compiling and recording timed (`graph_warmup_s`)."""
-    from kit.models.regional_compile import capture_graphs
-    from kit.train.accel import make_accelerator
+def stepper(accelerator, model, optimizer, batch: dict):
+    """step(full): one step of the loop's own train_step (the single-task loss, backward,
+    clipping, the optimizer) on `batch`, or on its first WARMUP_ROWS rows when not `full` (a
+    cheap warm-up), the device synchronized after it (the doctor's and the plan's probes)."""
     from kit.train.finetune import loss_terms
-    from kit.train.optim import merged_groups, parameter_groups
     from kit.train.step import train_step
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        accelerator = make_accelerator(precision)
-        device = accelerator.device
-        cuda = device.type == "cuda"
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        random_model(name)          # once untimed: a kernel imports the model's code once
-        built = time.perf_counter()
-        model, tokenizer = random_model(name)
-        built = time.perf_counter() - built
-        # CPU: the weights count once, then what training adds (gradients, optimizer, activations)
-        weights = state_bytes(model.state_dict())
-        rss = None if cuda else PeakRss()
-        optimizer = torch.optim.AdamW(merged_groups(parameter_groups(
-            model, 1e-5, 0.01, 1.0, freeze_layers)), lr=1e-5, fused=device.type in ("cpu", "cuda"))
-        model, optimizer = accelerator.prepare(model, optimizer)
-        vocab = min(tokenizer.vocab_size, 20000)
-        batch = _random_batch(rows, length, vocab, device)
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-        def step(full: bool):
-            inputs = {k: v if full else v[:WARMUP_ROWS] for k, v in batch.items()}
-            train_step(accelerator, model, optimizer,
-                       lambda: loss_terms(model, inputs, regression=False, alpha=1.0), 1.0)
-            sync()
-        evaluate = _random_batch(eval_rows, length, vocab, device)
-
-        def forward(_full: bool):
-            with torch.no_grad():
-                model.eval()
-                model(input_ids=evaluate["input_ids"], attention_mask=evaluate["attention_mask"],
-                      special_mask=evaluate["special_mask"])
-                model.train()
-            sync()
-        warmup_s = time.perf_counter()
-        if graphs:        # compiled on the first call, recorded on the third: full shapes only
-            capture_graphs(accelerator.unwrap_model(model))
-            for _ in range(3):
-                step(True)
-                forward(True)
-        warmup_s = time.perf_counter() - warmup_s if graphs else 0.0
-        s_step, steps = time_steps(step, budget_s, warmup=0 if graphs else 1, low=True)
-        s_eval, _ = time_steps(forward, budget_s / 3, warmup=0 if graphs else 1, low=True)
-        memory = torch.cuda.max_memory_allocated(device) if cuda else weights + rss.growth()
-        with tempfile.TemporaryDirectory() as folder:   # `last` as kit.train.run_state writes it
-            checkpoint_s = time.perf_counter()
-            accelerator.save_state(folder)
-            checkpoint_s = time.perf_counter() - checkpoint_s
-        unwrapped = accelerator.unwrap_model(model)
-        return {"s_per_step": s_step, "steps": steps, "s_per_eval_batch": s_eval,
-                "peak_memory_bytes": int(memory), "memory_kind": "max_memory_allocated"
-                if cuda else "weights + RSS growth", "device": str(device), "build_s": built,
-                "precision": accelerator.mixed_precision, "graphs": graphs,
-                "graph_warmup_s": warmup_s, "checkpoint_s": checkpoint_s,
-                "parameters": sum(p.numel() for p in unwrapped.parameters()),
-                "model_bytes": state_bytes(unwrapped.state_dict()),
-                "optimizer_bytes": state_bytes(optimizer.state_dict()["state"]),
-                "threads": torch.get_num_threads()}
-    finally:
-        torch.set_num_threads(before)
+    def step(full: bool):
+        inputs = {k: v if full else v[:WARMUP_ROWS] for k, v in batch.items()}
+        train_step(accelerator, model, optimizer,
+                   lambda: loss_terms(model, inputs, regression=False, alpha=1.0), 1.0)
+        sync_device(accelerator.device)
+    return step
 
 
-def _random_batch(rows: int, length: int, vocab: int, device) -> dict:
+def sync_device(device) -> None:     # the device's queued kernels done (a CPU runs in line)
+    {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device.type, lambda: None)()
+
+
+def random_batch(rows: int, length: int, vocab: int, device) -> dict:
     ids = torch.randint(min(1000, vocab - 1), vocab, (rows, length), device=device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
             "special_mask": torch.zeros_like(ids, dtype=torch.bool),
