@@ -1,6 +1,8 @@
 """kit.results.frame.stats: Welch's t-test, the permutation test, Holm-Bonferroni and the marks,
 against values worked out by hand."""
+import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -8,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from kit.results.frame.stats import (holm, is_constant, permutation_test, significance_mark,
-                                     welch_test)
+from kit.results.frame.stats import (MAX_PERMUTATIONS, holm, is_constant, permutation_test,
+                                     significance_mark, welch_test)
 
 
 def test_welch_test_matches_the_formula():
@@ -77,4 +79,64 @@ def test_holm_properties(pvalues):
        st.lists(st.floats(0, 1), min_size=1, max_size=4))
 def test_permutation_test_is_symmetric_and_a_probability(a, b):
     p = permutation_test(a, b)
-    assert 0 < p <= 1 and p == pytest.approx(permutation_test(b, a))
+    assert 0 < p <= 1 and p == permutation_test(b, a)                   # to the bit
+
+
+def exact_p(a, b) -> Fraction:
+    """The permutation test by brute force in exact arithmetic: every split of the pooled scores
+    into len(a) and len(b), counted when its |mean difference| is at least the observed one."""
+    pooled = a + b
+    observed = abs(Fraction(sum(a), len(a)) - Fraction(sum(b), len(b)))
+    hits = splits = 0
+    for group in itertools.combinations(range(len(pooled)), len(a)):
+        left = [pooled[i] for i in group]
+        right = [pooled[i] for i in range(len(pooled)) if i not in group]
+        hits += abs(Fraction(sum(left), len(left)) - Fraction(sum(right), len(right))) >= observed
+        splits += 1
+    return Fraction(hits, splits)
+
+
+def test_permutation_test_counts_tied_splits_on_rte_scores():
+    # Dev accuracies k/277 (RTE). 5 vs 5 seeds: 20 of the 252 splits reach the observed gap
+    # (several only by a tie that float rounding hides); scipy's test gave 20/252 one way and
+    # 12/252 = 0.048 (a false "*") the other.
+    a = [181 / 277, 177 / 277, 180 / 277, 177 / 277, 180 / 277]
+    b = [174 / 277, 177 / 277, 177 / 277, 171 / 277, 177 / 277]
+    assert exact_p([181, 177, 180, 177, 180], [174, 177, 177, 171, 177]) == Fraction(20, 252)
+    assert permutation_test(a, b) == permutation_test(b, a) == 20 / 252
+    # 3 vs 3: every split ties or beats the observed gap -> 1.0 (scipy: 0.9 one way)
+    a, b = [167 / 277, 170 / 277, 168 / 277], [166 / 277, 169 / 277, 169 / 277]
+    assert permutation_test(a, b) == permutation_test(b, a) == 1.0
+
+
+GLUE_DEV_SIZES = [277, 408, 872, 1043, 1500, 5463]     # RTE, MRPC, SST-2, CoLA, STS-B, QNLI
+
+
+@st.composite
+def seed_counts(draw):
+    """Correct-answer counts of 2-6 seeds a side on one dev set, in a window of 8 so seeds often
+    score alike (ties), as they do."""
+    n = draw(st.sampled_from(GLUE_DEV_SIZES))
+    low = draw(st.integers(0, n - 8))
+    side = st.lists(st.integers(low, low + 8), min_size=2, max_size=6)
+    return n, draw(side), draw(side)
+
+
+@given(seed_counts())
+def test_permutation_test_is_exact_on_grid_scores(case):
+    n, a, b = case
+    p = permutation_test([k / n for k in a], [k / n for k in b])
+    assert p == float(exact_p(a, b))
+    assert p == permutation_test([k / n for k in b], [k / n for k in a])
+
+
+def test_permutation_test_draws_above_the_limit():
+    # 11 vs 11: C(22, 11) = 705,432 splits > MAX_PERMUTATIONS, so seeded draws,
+    # p = (hits + 1) / (draws + 1). All scores equal: every draw ties -> exactly 1.
+    assert math.comb(22, 11) > MAX_PERMUTATIONS
+    assert permutation_test([0.5] * 11, [0.5] * 11) == 1.0
+    # fully separated: only the observed split and its mirror (2 in 705,432) reach the gap
+    a, b = [k / 277 for k in range(100, 111)], [k / 277 for k in range(200, 211)]
+    p = permutation_test(a, b)
+    assert p == permutation_test(b, a) == permutation_test(a, b)          # seeded
+    assert 1 / (MAX_PERMUTATIONS + 1) <= p < 5 / (MAX_PERMUTATIONS + 1)
