@@ -140,6 +140,23 @@ def test_the_page_says_what_the_run_folders_say(hand_made):
     assert (path.parent / "notebooks" / "label_quality.ipynb").exists()
 
 
+def test_a_damaged_run_is_counted_on_the_page(hand_made):
+    """A truncated metrics.json: the page is built, and its facts, warnings and main table count
+    the run as damaged (the tables' word) instead of leaving it out."""
+    profile, out, cfgs = hand_made
+    _write_run(cfgs["ssa-h", 2], None)
+    runs.metrics_path(runs.run_dir_of(cfgs["ssa-h", 2])).write_text('{"status": "ok", "best_')
+    text = page.build(profile, out, fake_execute([]), counts=None).read_text()
+    facts = dict(re.findall(r"<tr><th>([^<]+)</th><td>([^<]*)</td></tr>", text))
+    assert facts["runs (from the run folders)"] == (
+        "2 ok, 1 failed, 1 damaged, 1 incomplete, 1 preempted, 0 absent")
+    warnings = re.search(r'id="kit-warnings">(.*?)</div>', text, re.S)[1]
+    assert f"1 damaged run (a record no run writes; counted in n, never averaged; rerunning " \
+           f"its point retrains it): {cfgs['ssa-h', 2].run_id}: " in warnings
+    assert "damaged run(s) did not end" not in warnings
+    assert "n/a (n=0 of 3, 1 failed, 1 missing, 1 damaged)" in text
+
+
 def test_a_remote_reference_stops_the_page():
     html = '<img src="https://example.org/a.png"><link rel="stylesheet" href="//cdn/x.css">'
     assert len(page.remote_references(html)) == 2
@@ -212,7 +229,11 @@ def _open(browser, url: str, screenshot: Path | None = None) -> dict:
                 "#kit-main-table tr", "rows => rows.map(r => Array.from(r.cells, "
                                       "c => c.innerText.trim()))"),
             "csv": page_.eval_on_selector_all("#kit-main-csv", "c => c.map(e => e.innerText)"),
-            "links": page_.eval_on_selector_all("#kit-runs a", "a => a.map(e => e.href)")}
+            "links": page_.eval_on_selector_all("#kit-runs a", "a => a.map(e => e.href)"),
+            "text": page_.inner_text("body"),
+            "tables": page_.eval_on_selector_all(
+                "table", "ts => ts.map(t => Array.from(t.rows, r => Array.from(r.cells, "
+                         "c => c.innerText.trim())))")}
     if screenshot:
         page_.screenshot(path=str(screenshot))          # the top: header and main table
     page_.close()
@@ -270,6 +291,17 @@ def test_the_smoke_report_end_to_end_and_in_a_browser(tmp_path, batch_kernel):
     for view in (seen, run_page, listing):
         assert view["errors"] == [] and view["left"] == []
     assert (tmp_path / "report.png").stat().st_size > 10_000
+    _reads_as_a_page(seen)
+
+
+def _reads_as_a_page(seen: dict) -> None:
+    """No Python repr on the page, each table once, none with a 0, 1, 2 ... index column."""
+    assert not re.search(r"PosixPath|WindowsPath|<pandas\.|\bdtype: ", seen["text"]), seen["text"]
+    tables = [t for t in seen["tables"] if len(t) > 1]
+    assert len({repr(t) for t in tables}) == len(tables), "a table shown twice"
+    for rows in tables:
+        first = [row[0] for row in rows[1:]]
+        assert first != [str(i) for i in range(len(first))], f"an index column: {rows[:3]}"
     if os.environ.get("SSA_KIT_SCREENSHOT"):
         _screenshot_for_the_docs(sync_playwright, tmp_path / "report.png")
 

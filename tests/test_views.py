@@ -150,7 +150,7 @@ def test_the_report_shows_the_token_section_of_runs_with_saved_labels(ssa_run, t
     def execute(notebook, output, parameters):          # no kernel: a stand-in notebook
         nbformat.write(nbformat.v4.new_notebook(cells=[
             nbformat.v4.new_markdown_cell(f"# {notebook.stem}")]), output)
-    monkeypatch.setattr(page, "render", lambda notebooks, title, exclude_input: (
+    monkeypatch.setattr(page, "render", lambda notebooks, title, exclude_input, skip_tags=(): (
         "<html><body><main><h1>results</h1></main></body></html>"))
     text = page.build(profile, out, execute).read_text()
     section = re.search(r'<section id="kit-tokens".*?</section>', text, re.S)[0]
@@ -286,3 +286,27 @@ def test_figure_kinds_are_listed_once_and_checked_when_a_profile_loads(tmp_path)
                               "label-quality, cost, gamma")
     path.write_text("figures: gamma\ngrid:\n  task: synthetic\n")
     assert load_profile(str(path)).figures == ("gamma",)
+
+
+# ---------------------------------------------------------------- show: tables as a page reads
+
+def test_show_table_hides_row_numbers_keeps_a_real_index_and_says_its_caption():
+    from kit.results.views import show
+    frame = pd.DataFrame({"method": ["bert", "ssa-h"], "score": [0.8125, float("nan")]})
+    frame.attrs.update(notes=["1 run (seed) per cell."], caption="Dev accuracy x100.")
+    page = show.table(frame).to_html()
+    assert "<caption>1 run (seed) per cell. Dev accuracy x100.</caption>" in page
+    assert ">0<" not in page and ">1<" not in page                 # no 0, 1 row numbers
+    assert ">0.8125<" in page and ">nan<" not in page
+    indexed = show.table(frame.set_index("method"), caption="").to_html()
+    assert ">ssa-h<" in indexed and "<caption>" not in indexed
+    assert show.table(frame.iloc[:0], empty="Nothing to select.")._repr_html_() == (
+        "<p>Nothing to select.</p>")
+
+
+def test_show_written_names_the_files_by_folder(tmp_path, capsys, monkeypatch):
+    from kit.results.views import show
+    monkeypatch.chdir(tmp_path)
+    show.written([tmp_path / "tables" / "demo.md", tmp_path / "tables" / "demo.csv", Path("/x/a.png")])
+    assert capsys.readouterr().out == ("Written to tables: demo.md, demo.csv\n"
+                                       "Written to /x: a.png\n")

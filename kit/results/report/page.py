@@ -88,7 +88,11 @@ def build(profile: str | Profile, outputs_dir: str | Path = "outputs",
         links = pages.result()
     section, token_failures = tokens.result()
     header, summary = page_header.header(profile, grid, links, counts, failures + token_failures)
-    page = render(executed, title=f"{profile.name}: ssa-kit report", exclude_input=True)
+    # the header shows the main table: the results notebook's copy of it (its cells tagged
+    # `main-table`) would be the same table twice
+    skip = ("main-table",) if summary["main_table"] else ()
+    page = render(executed, title=f"{profile.name}: ssa-kit report", exclude_input=True,
+                  skip_tags=skip)
     page = page.replace("<main>", "<main>\n" + header, 1)
     page = page.replace("</main>", section + "</main>", 1)     # below the notebooks
     check_local(page, folder / "index.html")
@@ -166,9 +170,11 @@ def exporter(exclude_input: bool):
                         exclude_output_prompt=exclude_input, log=quiet)
 
 
-def render(notebooks: list, title: str, exclude_input: bool) -> str:
-    """One HTML page of the cells of `notebooks`, one after another."""
-    cells = [cell for nb in notebooks for cell in nb.cells]
+def render(notebooks: list, title: str, exclude_input: bool, skip_tags: tuple = ()) -> str:
+    """One HTML page of the cells of `notebooks`, one after another, but those tagged with one
+    of `skip_tags`."""
+    cells = [cell for nb in notebooks for cell in nb.cells
+             if not set(skip_tags) & set(cell.metadata.get("tags", ()))]
     for i, cell in enumerate(cells):
         cell["id"] = f"cell-{i}"           # ids must stay unique once notebooks are joined
     merged = nbformat.v4.new_notebook(cells=cells, metadata={

@@ -23,6 +23,7 @@ from kit.config.run_config import RunConfig
 from kit.results.tables import table_sets, writers
 from kit.results.frame.collect import load_runs, mixed_environments
 from kit.results.tables.paper_table import DEGENERATE
+from kit.results.views import show
 
 SHOWN_FAILURES = 3
 NOTEBOOK_FAILED = "notebook failed: "      # an ok run's error: its notebook's, after fit()
@@ -50,7 +51,7 @@ def grid_runs(profile: Profile) -> list[GridRun]:
             try:
                 metrics = runs.read_metrics(run_dir)
             except (OSError, ValueError) as err:
-                status, error = "unreadable", str(err).splitlines()[0]
+                status, error = "damaged", str(err).splitlines()[0]   # as the tables say
             else:
                 status = str(metrics.get("status")) if metrics else "incomplete"
                 error = str((metrics or {}).get("error") or "")
@@ -66,7 +67,7 @@ def header(profile: Profile, grid: list[GridRun], links: dict[str, str],
     title, table = main_table(profile, grid)
     built = datetime.datetime.now().astimezone().isoformat(" ", "seconds")
     statuses = grid_counts(grid)
-    facts = {"profile": f"{profile.name} ({_shown_path(profile.path)})", "built": built,
+    facts = {"profile": f"{profile.name} ({show.relative(profile.path)})", "built": built,
              **provenance([r for r in grid if r.metrics]),
              "runs (from the run folders)": statuses}
     facts["this batch"] = (", ".join(f"{n} {s}" for s, n in counts.items()
@@ -76,7 +77,8 @@ def header(profile: Profile, grid: list[GridRun], links: dict[str, str],
                          warnings=warnings(grid, table, failures),
                          table=None if table is None else _table(profile, title, table),
                          runs=[_run(run, links.get(run.run_id)) for run in grid])
-    return body, {"profile": profile.name, "built": built, "counts": statuses}
+    return body, {"profile": profile.name, "built": built, "counts": statuses,
+                  "main_table": None if table is None else title}
 
 
 # ---------------------------------------------------------------- what the header says
@@ -137,9 +139,10 @@ def _tally(values) -> str:
 def main_table(profile: Profile, grid: list[GridRun]) -> tuple[str, pd.DataFrame | None]:
     """The profile's first table, as kit.results.report.profile_outputs writes it (its CSV is the
     same table), or (why not, None) when no run has a folder or the tables cannot be made. Runs that
-    stopped early (preempted) or cannot be read have no result yet: the warnings count them."""
+    stopped early (preempted) have no result yet: the warnings count them; a damaged run (its
+    record cannot be read) is a row of the table, counted in its cell."""
     started = [r.run_dir for r in grid if runs.config_path(r.run_dir).exists()
-               and r.status in ("ok", "failed", "incomplete")]
+               and r.status in ("ok", "failed", "incomplete", "damaged")]
     if not started:
         return "no run has a folder yet", None
     try:
@@ -186,7 +189,9 @@ def warnings(grid: list[GridRun], table: pd.DataFrame | None, failures: list[str
         lines.append(f"{len(notebooks)} finished run{'s' if len(notebooks) > 1 else ''} with a "
                      f"notebook that failed after training (the run counts; its notebook shows "
                      f"the error): {shown}" + (f" and {more} more" if more > 0 else ""))
-    other = Counter(r.status for r in grid if r.status not in ("ok", "failed", "absent"))
+    # the table's notes name its damaged runs (kit.results.frame.collect.damaged_line)
+    said = ("ok", "failed", "absent", *(("damaged",) if table is not None else ()))
+    other = Counter(r.status for r in grid if r.status not in said)
     if other:
         stopped = ", ".join(f"{n} {s}" for s, n in sorted(other.items()))
         lines.append(f"{stopped} run(s) did not end: rerunning the profile resumes or retries "
@@ -205,29 +210,14 @@ HEADER = jinja2.Environment(loader=jinja2.PackageLoader("kit.results"),
                             autoescape=True).get_template("kit_header.html.j2")
 
 
-def _shown_path(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def _description(profile: Profile) -> str:
     return str(read_spec(profile.path).get("description") or "").strip()
-
-
-def _cell(value) -> str:
-    """A table value as text, as the markdown table shows it: blank when missing, floats to 6
-    significant digits."""
-    if not isinstance(value, (list, tuple, dict)) and pd.isna(value):
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _table(profile: Profile, title: str, table: pd.DataFrame) -> dict:
     """The main table for the template: pandas' HTML (escaped by pandas), its caption and CSV."""
     named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
-    text = named.map(_cell).rename(columns=str)
+    text = named.map(show.cell).rename(columns=str)
     return {"title": title, "caption": table.attrs.get("caption", ""),
             "csv": f"{writers.table_stem(profile.name, title)}.csv",
             "html": Markup(text.to_html(index=False, table_id="kit-main-table", escape=True,
