@@ -22,10 +22,10 @@ import torch  # noqa: E402
 from kit.config.paths import kit_commit
 from kit.config.run_config import ConfigError
 from kit.train import accel, provenance, tracking
-from kit.models.regional_compile import GRAPHS_MIN_STEPS
+from kit.models import regional_compile
 from kit.data import hub  # noqa: E402
 from kit.data.pipeline import PROJECT_GLUE, glue_source  # noqa: E402
-from kit.data.readers import DataError  # noqa: E402
+from kit.data.readers import DataError, MissingTaskFiles  # noqa: E402
 from kit.train.speed_probe import fits, predict, prediction_line, probe  # noqa: E402
 from kit.config.tasks import GLUE_TASKS  # noqa: E402
 
@@ -90,18 +90,18 @@ def launch_processes(config_file: Path, cuda_count: int) -> str:
 
 def glue_lines() -> dict[str, str]:
     """The GLUE tasks whose train and dev files are there, and where: kit.data.pipeline.glue_source's
-    order, per task (GLUE_DIR when it holds the task > the project's data/glue > the hub)."""
+    order, per task (GLUE_DIR when it has the task > the project's data/glue > the hub)."""
     found, missing = {}, {}
     for task in GLUE_TASKS.values():
         try:
             source = glue_source("", task.name)
+        except MissingTaskFiles as err:         # GLUE_DIR's <TASK>/ lacks a file: that task
+            missing[task.name] = str(err)
+            continue
         except DataError as err:
             return {"glue": f"error — {err}"}
-        absent = [] if source == "hub" else [
-            f"{s}.tsv" for s in ("train", *task.dev_splits)
-            if not (Path(source) / task.name / f"{s}.tsv").is_file()]
-        if source == "hub" or absent:
-            missing[task.name] = "hub only" if source == "hub" else "no " + ", ".join(absent)
+        if source == "hub":
+            missing[task.name] = "hub only"
         else:
             found.setdefault(str(source), []).append(task.name)
     origin = {str(PROJECT_GLUE): "the project's copy"}     # else GLUE_DIR's, per task
@@ -166,13 +166,21 @@ COMPILE_LINE = ("off — compile: true compiles the encoder's layer: 1-2% off a 
                 "an H100")
 
 
-def graphs_line(device: str) -> str:
-    """What `cuda_graphs: auto` does here and why (kit.models.regional_compile.resolve_cuda_graphs)."""
+def graphs_line(device: str, verified: tuple | None = None) -> str:
+    """What `cuda_graphs: auto` does here and why (kit.models.regional_compile.decide_graphs):
+    on a GPU, graphs only for the `verified` combinations (default: its VERIFIED table)."""
+    rows = regional_compile.VERIFIED if verified is None else verified
     if device != "cuda":
         return f"off — CUDA graphs replay on a CUDA GPU only; this machine trains on {device}"
-    return (f"on for runs of {GRAPHS_MIN_STEPS:,}+ steps without attention guiding, else "
-            "off — measured on an H200 (BERT-base, bf16, batch 32): 65 steps/s with graphs "
-            "against 20 eager, after ~70 s of compilation (break-even ~2,100 steps)")
+    if not rows:
+        return ("off for every run — no GPU run has verified graphs against eager yet "
+                "(kit.models.regional_compile.VERIFIED); cuda_graphs: on takes them (an H200 ran "
+                "BERT-base at 65 steps/s with them, 20 eager, after ~70 s of compilation)")
+    which = "; ".join(f"{r.method} at grad_accum {r.grad_accum} on {r.processes} process(es)"
+                      for r in rows)
+    return (f"on for runs of {regional_compile.GRAPHS_MIN_STEPS:,}+ steps of {which}, with no "
+            "attention guiding and length_buckets not off; else off — verified: "
+            + "; ".join(r.evidence for r in rows))
 
 
 def report() -> dict[str, dict[str, str]]:

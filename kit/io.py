@@ -105,17 +105,44 @@ def atomic_dir(path: str | Path):
     """Yield a temporary folder beside `path` to fill; on success it replaces `path` (a
     reader sees the old folder or the new one, never a half-written one), on error it is
     removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes 0700; results are meant to be shared
+    tmp = _dir_beside(Path(path))
     old = tmp.with_suffix(".old")
     try:
         yield tmp
-        swap_in(tmp, path, old)
+        swap_in(tmp, Path(path), old)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def files_into(path: str | Path):
+    """Yield a temporary folder beside `path` to fill with new files; on success they join
+    `path`, on error none does. An absent `path` becomes the filled folder (one rename); else
+    each file is moved in (os.replace) once all are written, and the files `path` holds under
+    other names are never touched."""
+    path = Path(path)
+    tmp = _dir_beside(path)
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        if path.exists():
+            for new in sorted(tmp.iterdir()):
+                os.replace(new, path / new.name)
+            fsync(path, folder=True)
+        else:
+            os.rename(tmp, path)
+        fsync(path.parent, folder=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _dir_beside(path: Path) -> Path:
+    """A new hidden temporary folder beside `path` (one file system: renames are atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~_umask())   # mkdtemp makes 0700; results are meant to be shared
+    return tmp
 
 
 def swap_in(tmp: Path, path: Path, old: Path) -> None:

@@ -96,7 +96,7 @@ def test_missing_local_task_files_are_reported(tmp_path):
     assert missing_task_files(cfg).startswith(             # nowhere, offline
         "MRPC: in no glue_dir / GLUE_DIR nor the project's data/glue, and the hub is unreachable")
     (tmp_path / "MRPC").mkdir()                                    # part of it: its files named
-    assert "MRPC/train.tsv not found" in missing_task_files(cfg)
+    assert f"{tmp_path / 'MRPC'}/: train.tsv (absent), dev.tsv (absent)" in missing_task_files(cfg)
     assert missing_task_files(RunConfig(task="synthetic")) is None
 
 
@@ -330,13 +330,12 @@ def test_glue_files_resolve_parameter_then_env_then_project_then_hub(tmp_path, m
     assert glue_source("hub", "RTE") == "hub"
     monkeypatch.setenv("GLUE_DIR", str(tmp_path))
     assert glue_source("", "RTE") == PROJECT_GLUE            # GLUE_DIR does not hold RTE
-    (tmp_path / "RTE").mkdir()
-    (tmp_path / "RTE" / "train.tsv").write_text("x\n")
+    for folder in (tmp_path, tmp_path / "other"):                 # train and dev: a run's files
+        (folder / "RTE").mkdir(parents=True)
+        for split in ("train", "dev"):
+            (folder / "RTE" / f"{split}.tsv").write_text("x\n")
     assert glue_source("", "RTE") == tmp_path
-    other = tmp_path / "other"
-    (other / "RTE").mkdir(parents=True)
-    (other / "RTE" / "train.tsv").write_text("x\n")
-    assert glue_source(str(other), "RTE") == other
+    assert glue_source(str(tmp_path / "other"), "RTE") == tmp_path / "other"
 
 
 def test_nothing_in_the_project_reads_the_shared_folder_beside_the_clone():

@@ -395,6 +395,49 @@ def test_missing_glue_folder_names_the_path(tmp_path):
         data.PROJECT_GLUE / "RTE" / "train.tsv")
 
 
+def rte_copy(folder: Path, splits=("dev", "test")) -> Path:
+    """folder/RTE/ holding the project's RTE files of `splits`."""
+    (folder / "RTE").mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        (folder / "RTE" / f"{split}.tsv").write_bytes(
+            (data.PROJECT_GLUE / "RTE" / f"{split}.tsv").read_bytes())
+    return folder / "RTE"
+
+
+def test_a_glue_dir_task_without_train_is_one_line_never_the_projects_copy(tmp_path, monkeypatch):
+    """A user's RTE/ without train.tsv (or with a folder of that name) is named, never read
+    from data/glue instead: an edited copy would silently train on the original."""
+    rte = rte_copy(tmp_path)
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    tail = (f"; a run of RTE reads train.tsv, dev.tsv there and from no other copy: add them "
+            f"(./run_all.sh fetch RTE --glue-dir {tmp_path}) or move {rte} away")
+    with pytest.raises(DataError) as info:
+        load_task_data(RunConfig(task="RTE"))
+    assert str(info.value) == f"GLUE_DIR={tmp_path}: {rte / 'train.tsv'} (absent)" + tail
+    (rte / "train.tsv").mkdir()
+    with pytest.raises(DataError) as info:
+        load_task_data(RunConfig(task="rte", glue_dir=str(tmp_path)))
+    assert str(info.value) == f"glue_dir={tmp_path}: {rte / 'train.tsv'} (not a file)" + tail
+    (rte / "train.tsv").rmdir()
+    (rte / "dev.tsv").unlink()
+    with pytest.raises(DataError) as info:
+        data.glue_source("", "RTE")
+    assert str(info.value).startswith(
+        f"GLUE_DIR={tmp_path}: {rte}/: train.tsv (absent), dev.tsv (absent); a run of RTE")
+
+
+def test_a_run_that_predicts_test_needs_the_test_file_too(tmp_path, monkeypatch):
+    rte = rte_copy(tmp_path, ("train", "dev"))
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    assert load_task_data(RunConfig(task="RTE", max_train_examples=5)).train.source == str(
+        rte / "train.tsv")
+    with pytest.raises(DataError) as info:
+        load_task_data(RunConfig(task="RTE", predict_test=True))
+    assert str(info.value).startswith(f"GLUE_DIR={tmp_path}: {rte / 'test.tsv'} (absent); a run "
+                                      "of RTE reads train.tsv, dev.tsv, test.tsv there")
+    assert data.glue_source("", "QNLI") == "hub"      # the project's QNLI lacks train.tsv
+
+
 def test_glue_source(monkeypatch, tmp_path):
     monkeypatch.delenv("GLUE_DIR", raising=False)
     assert data.glue_source("") == "hub" and data.glue_source("hub") == "hub"
@@ -461,9 +504,51 @@ def test_an_unreadable_cache_entry_is_rewritten(tok, tmp_path):
     path.write_bytes(b"half a file")
     got = encode(tok, split, 128, regression=False, cache_dir=tmp_path)
     assert_same_examples(got, encode(tok, split, 128, regression=False))
-    assert_same_examples(Examples(*token_cache.load_tokens(path), labels=got.labels), got)
+    assert_same_examples(Examples(*token_cache.load_tokens(path)[:3], labels=got.labels), got)
 
 
+
+# rows of "good" (one word-piece): n words are n + 2 tokens alone, n + m + 3 as a pair
+rows_of_words = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows_of_words, st.booleans(), st.integers(5, 16))
+def test_tokenize_counts_each_rows_full_length_and_truncates_as_before(tok, rows, pair, max_length):
+    """Each row's length before max_length cut it, exactly; the ids are the tokenizer's own
+    truncated ones (longest-first for pairs), although only the long rows are truncated."""
+    a, b = [" ".join(["good"] * n) for n, _ in rows], [" ".join(["good"] * m) for _, m in rows]
+    split = make_split(a, b if pair else None)
+    got = token_cache.tokenize(tok, split, max_length)
+    full = [n + m + 3 if pair else n + 2 for n, m in rows]
+    assert got.full_lengths.tolist() == full
+    want = tok(a, b if pair else None, truncation=True, max_length=max_length)["input_ids"]
+    assert [x.tolist() for x in got.ids] == want
+    assert token_cache.Truncation.of(got.full_lengths, max_length) == token_cache.Truncation(
+        len(rows), sum(n > max_length for n in full), max(full))
+
+
+def test_a_cached_split_keeps_its_truncation_count(tok, tmp_path, monkeypatch):
+    split = make_split(SINGLE, PAIR_B, labels=[1, 0, 1])     # 9, 13 and 14 tokens
+    want = token_cache.Truncation(rows=3, truncated=2, longest=14)
+    first = data.encode_counted(tok, split, 10, regression=False, cache_dir=tmp_path)
+    monkeypatch.setattr(token_cache, "tokenize", lambda *a: pytest.fail("tokenized again"))
+    second = data.encode_counted(tok, split, 10, regression=False, cache_dir=tmp_path)
+    assert first[1] == second[1] == want
+    assert_same_examples(second[0], first[0])
+    assert [len(x) for x in first[0].input_ids] == [9, 10, 10]
+
+
+def test_truncation_line_names_each_cut_split_and_the_longest_row():
+    cut = token_cache.Truncation
+    assert token_cache.truncation_line({"train": cut(10, 0, 90), "dev": cut(5, 0, 12)}, 128) is None
+    assert token_cache.truncation_line({}, 128) is None
+    assert (token_cache.truncation_line({"train": cut(2834, 312, 311), "dev": cut(709, 0, 120)},
+                                        128)
+            == "train: 312 of 2834 rows (11.0%) truncated to max_length 128 (longest 311 tokens)")
+    assert (token_cache.truncation_line({"train": cut(3, 1, 40), "dev": cut(6, 4, 52)}, 16)
+            == "train: 1 of 3 rows (33.3%), dev: 4 of 6 rows (66.7%) truncated to max_length 16 "
+               "(longest 52 tokens)")
 
 def test_the_second_run_of_a_grid_reads_its_splits_from_the_token_cache(tmp_path, monkeypatch):
     from kit.train.finetune import fit

@@ -1,8 +1,10 @@
 """./run_all.sh fetch without a network: the hub's `datasets` / `huggingface_hub` calls faked,
 the GLUE files it writes read back by the kit's reader, and a hub id resolved offline
 (HF_HUB_OFFLINE=1) from a cache filled in the hub's layout."""
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,17 +76,80 @@ def test_fetched_tasks_are_glue_files_the_reader_reads_back(tmp_path, monkeypatc
     assert test.labels is None and len(test) == sizes["test"]
 
 
-def test_fetch_never_replaces_glue_files_nor_writes_half_a_task(tmp_path, monkeypatch, capsys):
-    """A task whose files are there (the project's copy, an earlier fetch) is kept as it is; a
-    split the hub fails to give leaves no file of the task written."""
+def glue_files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Each file under `folder` (hidden ones too: a temporary folder left behind) -> its bytes
+    and mtime."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_interrupted_fetch_leaves_no_half_task_and_the_next_writes_it_whole(
+        tmp_path, monkeypatch, capsys):
+    """The disk fills while the second file is written: nothing of the task is left (no
+    train.tsv that the next fetch would keep and a run would read as the whole task)."""
     monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=3.0: None)
-    (tmp_path / "RTE").mkdir()
-    (tmp_path / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n")
+    written = []
+    real_write = Path.write_text
+
+    def full_disk(path, *args, **kwargs):
+        written.append(path.name)
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_write(path, *args, **kwargs)
+
+    with monkeypatch.context() as disk:
+        disk.setattr(Path, "write_text", full_disk)
+        assert fetch.main(["RTE", "--glue-dir", str(tmp_path)], load=fake_load) == 2
+    assert list(tmp_path.iterdir()) == []                   # no RTE/, no temporary folder
+    assert len(written) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {tmp_path / 'RTE'}: writing train.tsv, dev.tsv, test.tsv failed (No "
+                   "space left on device); none was written, fetch again once that is fixed\n")
     assert fetch.main(["RTE", "--glue-dir", str(tmp_path)], load=fake_load) == 0
-    assert capsys.readouterr().out == (f"RTE: kept, its GLUE files are already in "
-                                       f"{tmp_path / 'RTE'} (delete that folder to fetch it "
-                                       "again)\n")
-    assert sorted(p.name for p in (tmp_path / "RTE").iterdir()) == ["train.tsv"]
+    assert capsys.readouterr().out == f"RTE: train 2, dev 1, test 2 rows -> {tmp_path / 'RTE'}\n"
+    task = get_task("RTE")
+    want = {f"RTE/{s}.tsv": hub.glue_tsv(task, s, hub.split_from_hub(
+        task, HUB["rte", h], NAMES["rte"], "x")).encode()
+        for s, h in (("train", "train"), ("dev", "validation"), ("test", "test"))}
+    assert {k: v[0] for k, v in glue_files(tmp_path).items()} == want
+
+
+QNLI_TRAIN = {"question": ["Who?", "Where?", "When?"], "sentence": ["Him.", "There.", "Now."],
+              "label": [0, 1, 0], "idx": [0, 1, 2]}
+
+
+def test_a_task_with_missing_splits_gets_them_and_keeps_its_files(tmp_path, monkeypatch, capsys):
+    """The project's QNLI holds dev and test but no train: fetch adds train.tsv and leaves the
+    two files byte for byte, mtime too; only the missing split is asked of the hub."""
+    monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=3.0: None)
+    (tmp_path / "QNLI").mkdir()
+    for split in ("dev", "test"):
+        shutil.copy(REPO / "data" / "glue" / "QNLI" / f"{split}.tsv", tmp_path / "QNLI")
+        os.utime(tmp_path / "QNLI" / f"{split}.tsv", ns=(10**18, 10**18))
+    before = glue_files(tmp_path)
+    asked = []
+
+    def qnli(name, config, split):
+        asked.append((config, split))
+        return FakeSplit(QNLI_TRAIN, ["entailment", "not_entailment"])
+
+    assert fetch.main(["qnli", "--glue-dir", str(tmp_path)], load=qnli) == 0
+    assert asked == [("qnli", "train")]
+    assert capsys.readouterr().out == (f"QNLI: train 3 rows -> {tmp_path / 'QNLI'} (its dev.tsv, "
+                                       "test.tsv kept)\n")
+    after = glue_files(tmp_path)
+    assert sorted(after) == ["QNLI/dev.tsv", "QNLI/test.tsv", "QNLI/train.tsv"]
+    assert {k: after[k] for k in before} == before
+    train = read_glue_split(get_task("QNLI"), "train", tmp_path)
+    assert train.text_a == QNLI_TRAIN["question"] and train.labels.tolist() == [0, 1, 0]
+    assert fetch.main(["QNLI", "--glue-dir", str(tmp_path)], load=qnli) == 0   # now whole
+    assert capsys.readouterr().out.startswith("QNLI: kept, its GLUE files are already in ")
+    assert asked == [("qnli", "train")] and glue_files(tmp_path) == after
+
+
+def test_fetch_writes_nothing_where_the_hub_fails_or_a_folder_is_in_the_way(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=3.0: None)
 
     def no_test_split(name, config, split):
         if split == "test":
@@ -93,14 +158,36 @@ def test_fetch_never_replaces_glue_files_nor_writes_half_a_task(tmp_path, monkey
     assert fetch.main(["CoLA", "--glue-dir", str(tmp_path)], load=no_test_split) == 2
     assert "hf://datasets/nyu-mll/glue/cola/test: loading from the hub failed " \
            "(ConnectionError: reset by peer)" in capsys.readouterr().err
-    assert not (tmp_path / "CoLA").exists()
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "RTE" / "dev.tsv").mkdir(parents=True)
+    assert fetch.main(["RTE", "--glue-dir", str(tmp_path)], load=fake_load) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'RTE' / 'dev.tsv'} (not a file): "
+                                       "where fetch writes RTE's GLUE files; move it away and "
+                                       "fetch again\n")
+    assert [p.name for p in tmp_path.rglob("*")] == ["RTE", "dev.tsv"]
 
 
-def test_fetch_offline_is_one_line_and_writes_nothing(tmp_path, capsys):
+def test_fetch_offline_names_what_is_missing_and_keeps_what_is_whole(tmp_path, capsys):
+    """Offline (HF_HUB_OFFLINE=1): a task there whole is kept; the project's QNLI, which lacks
+    train.tsv, is one line naming that file and the hub, exit 2, nothing written."""
+    project = REPO / "data" / "glue"
+    before = glue_files(project / "QNLI")
+    assert fetch.main(["RTE"], load=fake_load) == 0
+    assert capsys.readouterr().out == (f"RTE: kept, its GLUE files are already in {project / 'RTE'} "
+                                       "(delete that folder to fetch it again)\n")
+    assert fetch.main(["RTE", "QNLI"], load=fake_load) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("RTE: kept") and "QNLI" not in out
+    assert err == (f"error: fetching QNLI ({project / 'QNLI' / 'train.tsv'} (absent)) needs the "
+                   "Hugging Face hub, which is unreachable (HF_HUB_OFFLINE=1 is set): fetch runs "
+                   "where there is a network (a login node), into a folder and HF_HOME the "
+                   "compute nodes share\n")
+    assert glue_files(project / "QNLI") == before
     assert fetch.main(["RTE", "--glue-dir", str(tmp_path / "g")], load=fake_load) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: the Hugging Face hub is unreachable (HF_HUB_OFFLINE=1 is set)")
-    assert err.count("\n") == 1 and not (tmp_path / "g").exists()
+    assert capsys.readouterr().err.startswith(
+        f"error: fetching RTE ({tmp_path / 'g' / 'RTE'}/: train.tsv (absent), dev.tsv (absent), "
+        "test.tsv (absent)) needs the Hugging Face hub")
+    assert not (tmp_path / "g").exists()
 
 
 def test_fetch_refuses_what_is_no_glue_task(capsys):

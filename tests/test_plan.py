@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kit import plan
-from kit.cluster import costs
+from kit.cluster import costs, point_cost
 from kit.config.profiles import load_profile, only_points
 from kit.config.run_config import ConfigError, RunConfig
 from kit.data.pipeline import PROJECT_GLUE, glue_source, sources_line
@@ -89,7 +89,8 @@ def test_a_copy_of_paper_base_shows_the_papers_rows(tmp_path):
 
 def test_a_glue_dir_with_only_mrpc_leaves_rte_to_the_projects_copy(tmp_path, monkeypatch):
     (tmp_path / "MRPC").mkdir()
-    (tmp_path / "MRPC" / "train.tsv").write_text("x\n")
+    for split in ("train", "dev"):
+        (tmp_path / "MRPC" / f"{split}.tsv").write_text("x\n")
     monkeypatch.setenv("GLUE_DIR", str(tmp_path))
     assert glue_source("", "MRPC") == tmp_path
     assert glue_source("", "RTE") == PROJECT_GLUE                 # GLUE_DIR lacks it
@@ -105,9 +106,11 @@ def test_a_glue_dir_with_only_mrpc_leaves_rte_to_the_projects_copy(tmp_path, mon
 
 # ------------------------------------------------------------------ the cost model
 
-def fake_probe(model, rows, length, eval_rows, **_):
-    """A probe's numbers made from its arguments: the plan's arithmetic, checked exactly."""
-    return {"s_per_step": rows * length / 1000, "s_per_eval_batch": eval_rows / 1000,
+def fake_probe(step, length, **_):
+    """A probe's numbers made from its step (kit.train.model_probe.step_config) and length: the
+    plan's arithmetic, checked exactly."""
+    return {"s_per_step": step.batch_size * length / 1000,
+            "s_per_eval_batch": step.eval_batch_size / 1000,
             "build_s": 1.0, "peak_memory_bytes": 1000 * length, "model_bytes": 4000,
             "optimizer_bytes": 8000, "device": "cpu", "precision": "no", "steps": 3,
             "checkpoint_s": 0.6}
@@ -188,7 +191,7 @@ def test_a_points_length_lies_between_two_probed_classes(length, classes):
     def at(n):
         probed.append(n)
         return {"s_per_step": n / 100, "s_per_eval_batch": n / 10, "peak_memory_bytes": n}
-    got = plan.between(at, length)
+    got = point_cost.between(at, length)
     lower, upper, w = classes
     assert got["s_per_step"] == pytest.approx((lower + w * 8) / 100)
     assert got["s_per_eval_batch"] == pytest.approx((lower + w * 8) / 10)
@@ -212,6 +215,7 @@ def test_plan_of_the_smoke_profile_probes_the_tiny_model(capsys, tmp_path):
     assert out[0].startswith("plan of smoke: 2 point(s) on ") and "class" in out[0]
     assert out[2].split()[:6] == ["synthetic", "bert", "s0", "200", "2", "32"]
     assert out[4].startswith("total: 2 run(s), 28 steps, ") and "device-hours), peak" in out[4]
+    assert re.search(r"peak memory [\d.]+ [KMG]iB; disk kept [\d.]+ ([KMG]i)?B, ", out[4])
     # what a batch pays around its runs, measured by running a tiny one (kit.plan.batch_probe)
     assert re.match(r"batch: \d+ s once \(start-up, the kernel, the tables and report\), "
                     r"\d+\.\d s a point around its run$", out[5]), out[5]
@@ -245,8 +249,8 @@ def test_the_batch_refuses_a_grid_the_disk_cannot_hold(monkeypatch, tmp_path):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(0, 0, needed - 1))
     with pytest.raises(ConfigError) as err:
         costs.check_disk(points, set(), tmp_path)
-    assert f"need {needed / 2**30:.1f} GB" in str(err.value)
-    assert f"{(needed - 1) / 2**30:.1f} GB free" in str(err.value) and "--ignore-disk" in str(
+    assert f"need {needed / 2**30:.1f} GiB" in str(err.value)
+    assert f"{(needed - 1) / 2**30:.1f} GiB free" in str(err.value) and "--ignore-disk" in str(
         err.value)
     finished = set(ids(points))
     costs.check_disk(points, finished, tmp_path)             # nothing to go: nothing needed
@@ -263,9 +267,9 @@ def test_on_a_gpu_the_plan_probes_the_graphs_its_long_points_will_take(monkeypat
     monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
     seen = []
 
-    def probe(model, rows, length, eval_rows, graphs=False, **_):
+    def probe(step, length, graphs=False, **_):
         seen.append((length, graphs))
-        return {**fake_probe(model, rows, length, eval_rows), "graphs": graphs,
+        return {**fake_probe(step, length), "graphs": graphs,
                 "graph_warmup_s": 70.0 if graphs else 0.0}
     profile = load_profile("paper-base", only=["task=RTE,SST-2", "seed=0", "method=bert"])
     by = {p["label"]: p for p in plan.plan(profile, probe=probe, overhead=AROUND)["points"]}
@@ -324,3 +328,122 @@ def test_a_probe_batch_that_fails_is_one_line_naming_its_last_words(monkeypatch,
     err = capsys.readouterr().err
     assert err == ("error: the plan's probe batch (two points of the tiny model on the synthetic "
                    "task) failed, exit 1: NoSuchKernel: No such kernel named python3\n")
+
+
+# ------------------------------------------------------------------ each point's own step
+
+@pytest.fixture
+def tiny_tokenizer(monkeypatch):
+    """The plan without the hub: every model's tokenizer the tiny model's, 100 bytes saved."""
+    from kit.models.backbones import load_tokenizer
+    monkeypatch.setattr(plan, "tokenizer_of", lambda model: load_tokenizer("tiny"))
+    monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
+
+
+def grid_profile(tmp_path, **grid):
+    """A profile of the tiny model on the synthetic task, `grid` on top."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"grid": {"task": "synthetic", "model": "tiny",
+                                             "synthetic_size": 64, "epochs": 1, **grid}}))
+    return load_profile(str(path), str(tmp_path))
+
+
+@pytest.mark.parametrize("method, guide_loss, attention, maps, token_head, hybrid", [
+    ("bert", "task+both", "eager", True, False, False),
+    ("ssa-h", "task", "sdpa", False, True, True),
+    ("bert-mask", "task", "sdpa", False, False, False),
+])
+def test_the_probe_builds_and_trains_the_points_own_model(tmp_path, monkeypatch, tiny_tokenizer,
+                                                          method, guide_loss, attention, maps,
+                                                          token_head, hybrid):
+    """The real probe, its model seen where it is built (kit.train.model_probe.build_model): a
+    guide loss's point trains an eager encoder that returns its attention maps, SSA-H's the
+    token head and its token mix; BERT-mask's trains BERT's model."""
+    from kit import methods
+    from kit.train import model_probe
+    built, calls = [], []
+
+    def seen(cfg):
+        model, tokenizer = build(cfg)
+        built.append(model)
+        model.register_forward_hook(lambda m, args, kwargs, out: calls.append(
+            (m.training, out["attentions"] is not None, out["token_logits"] is not None)),
+            with_kwargs=True)
+        return model, tokenizer
+    build = model_probe.build_model
+    monkeypatch.setattr(model_probe, "build_model", seen)
+    profile = grid_profile(tmp_path, method=method, guide_loss=guide_loss)
+    point, = plan.plan(profile, budget_s=0.01, overhead=AROUND)["points"]
+    model = built[-1]
+    assert model.backbone.config._attn_implementation == attention == point["attention"]
+    assert (model.token_head is not None, methods.get(model.spec.method).hybrid) == (
+        token_head, hybrid)
+    training = {(maps_out, tokens) for train, maps_out, tokens in calls if train}
+    assert training == {(maps, token_head)}                   # the run's loss: maps, SSA labels
+    assert point["step_method"] == ("bert" if method == "bert-mask" else method)
+
+
+def test_points_of_one_step_share_its_probes(tmp_path, tiny_tokenizer):
+    """Seeds, lr and BERT-mask's copies change no step: one probe per length class; a guide
+    loss or SSA's heads are steps of their own."""
+    seen = []
+
+    def probe(step, length, **kw):
+        seen.append((step.method, step.guide_loss, length))
+        return fake_probe(step, length)
+    profile = grid_profile(tmp_path, seed=[0, 1, 2], method=["bert", "bert-mask", "ssa-co"],
+                           guide_loss=["task", "task+pd"], lr=[1e-4, 2e-4])
+    result = plan.plan(profile, probe=probe, overhead=AROUND)
+    assert len(result["points"]) == 36 and len(seen) == len(set(seen))
+    assert {(m, g) for m, g, _ in seen} == {(m, g) for m in ("bert", "ssa-co")
+                                            for g in ("task", "task+pd")}
+    assert {n for _, _, n in seen} == {8, 16}                 # the synthetic task's ~11 tokens
+
+
+def test_a_point_reusing_labels_is_charged_no_probing(tmp_path, tiny_tokenizer):
+    """reuse_labels_from reads the labels that run saved: its evaluated rows are the dev set's,
+    its eval time the same as BERT's, where SSA itself probes 2 x 64 rows an epoch."""
+    path = tmp_path / "p.yaml"
+    small = {"task": "synthetic", "model": "tiny", "synthetic_size": 64, "epochs": 2,
+             "gamma": 1.0}
+    path.write_text(yaml.safe_dump({"grid": [
+        {**small, "method": "ssa-h"}, {**small, "method": "bert"},
+        {**small, "method": "ssa-h", "seed": 1, "reuse_labels_from": "outputs/runs/x"}]}))
+    profile = load_profile(str(path), str(tmp_path))
+    probing, bert, reusing = plan.plan(profile, probe=fake_probe, overhead=AROUND)["points"]
+    dev = probing["dev_rows"]
+    assert (probing["probe_rows"], probing["eval_rows"]) == (2 * 64, 2 * dev + 2 * 64)
+    assert (reusing["probe_rows"], reusing["eval_rows"]) == (0, 2 * dev)
+    assert reusing["eval_s"] == bert["eval_s"] == round(2 * dev * 0.128 / 128, 1)
+    assert probing["eval_s"] > reusing["eval_s"]
+
+
+def test_a_tasks_tokens_are_charged_once(monkeypatch, tiny_tokenizer):
+    """The token cache tokenizes a task's splits for its first point; the others read them."""
+    profile = load_profile("paper-base", only=["task=RTE", "seed=0,1", "method=bert,ssa-h"])
+    points = plan.plan(profile, probe=fake_probe, overhead=AROUND)["points"]
+    first, *others = points
+    assert len(points) == 4 and first["tokenize_s"] > 0
+    assert [p["tokenize_s"] for p in others] == [0.0, 0.0, 0.0]
+    assert [p["prepare_s"] for p in others] == [1.0, 1.0, 1.0]          # the build alone
+    assert first["prepare_s"] == pytest.approx(1.0 + first["tokenize_s"], abs=0.11)
+
+
+def test_length_buckets_price_the_buckets_length(tmp_path, tiny_tokenizer):
+    """length_buckets on pads each batch to a multiple of 16 (kit.data.pipeline.StaticShape):
+    the synthetic task's rows (at most 16 tokens) all train and evaluate at 16."""
+    lengths = []
+
+    def probe(step, length, **kw):
+        lengths.append(length)
+        return fake_probe(step, length)
+    profile = grid_profile(tmp_path, method="ssa-co", length_buckets=["off", "on"])
+    off, on = plan.plan(profile, probe=probe, overhead=AROUND)["points"]
+    assert off["tokens"] < 16 and on["tokens"] == 16.0
+    assert on["train_s"] == round(on["steps"] * 32 * 16 / 1000, 1) > off["train_s"]
+    assert sorted(set(lengths)) == [8, 16]
+
+
+def test_sizes_are_printed_in_gib():
+    assert [plan.size(n) for n in (512, 1536, 3 * 2**20, 2.5 * 2**30, 2**41)] == [
+        "512 B", "1.5 KiB", "3.0 MiB", "2.5 GiB", "2.0 TiB"]

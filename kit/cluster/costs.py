@@ -14,7 +14,7 @@ import functools
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,8 @@ from kit import methods
 from kit.config.run_config import ConfigError, RunConfig
 from kit.config.tasks import get_task
 from kit.models.backbones import TINY, is_hub_id, model_path
-from kit.data.pipeline import glue_source, length_grouped_batches, load_task_data, source_label
+from kit.data.pipeline import (StaticShape, glue_source, length_grouped_batches, load_task_data,
+                               source_label)
 from kit.runs import label_text
 
 SAMPLE_ROWS = 2000          # training rows tokenized for the mean length (evenly spaced)
@@ -37,7 +38,7 @@ OFFICIAL_ROWS = {
     "QNLI": (104743, (5463,), (5463,)), "RTE": (2490, (277,), (3000,)),
     "WNLI": (635, (71,), (146,))}
 OFFICIAL = "GLUE's official counts (files absent)"
-GB = 1024 ** 3
+GB = 1024 ** 3               # a GiB (2**30 bytes): sizes are printed in GiB
 
 
 @dataclass(frozen=True)
@@ -50,27 +51,33 @@ class TaskFacts:
     dev_length: float              # mean tokens of a dev (and test) row (evaluated sorted)
     counts: str                    # "files" or OFFICIAL
     source: str                    # where the files come from (kit.data.pipeline.source_label)
-    tokenize_s: float              # seconds to tokenize every row of the splits read
+    tokenize_s: float              # seconds to tokenize every row of the splits read (the
+                                   # token cache's work: once a task, kit.plan)
     prediction_bytes: int          # dev (+ test) prediction files' bytes
 
 
-def _data_key(cfg: RunConfig) -> RunConfig:
-    """The fields a task's facts depend on; the rest set to their defaults (one read a task)."""
+def token_key(cfg: RunConfig) -> RunConfig:
+    """The fields a task's tokens depend on (its texts, the model's tokenizer, max_length: what
+    kit.data.token_cache keys them by); the rest set to their defaults. The points of one key
+    tokenize once: the first fills the token cache, the others read it."""
     keep = ("task", "glue_dir", "max_train_examples", "max_length", "synthetic_size",
-            "synthetic_spurious", "synthetic_distractors", "predict_test", "model", "batch_size",
+            "synthetic_spurious", "synthetic_distractors", "predict_test", "model",
             "csv_path", "csv_text_columns", "csv_target", "csv_regression", "csv_test_path",
             "n_folds", "fold", "csv_fold_column")
     return RunConfig.from_dict({k: getattr(cfg, k) for k in keep})
 
 
-def task_facts(cfg: RunConfig, tokenizer) -> TaskFacts:
-    return _facts(_data_key(cfg), tokenizer)
+def task_facts(cfg: RunConfig, tokenizer, shape: StaticShape | None = None) -> TaskFacts:
+    """`shape`: the run's length buckets (kit.train.step.static_shape), every batch padded to
+    its bucket's length; None: to its longest row."""
+    return _facts(replace(token_key(cfg), batch_size=cfg.batch_size), tokenizer, shape)
 
 
 @functools.lru_cache(maxsize=None)
-def _facts(cfg: RunConfig, tokenizer) -> TaskFacts:
+def _facts(cfg: RunConfig, tokenizer, shape: StaticShape | None) -> TaskFacts:
     task = get_task(cfg.task) if cfg.task.lower() != "csv" else None
-    source = glue_source(cfg.glue_dir, task.name) if task and task.kind == "glue" else None
+    source = (glue_source(cfg.glue_dir, task.name, cfg.reads_test)
+              if task and task.kind == "glue" else None)
     if source == "hub" and task.name in OFFICIAL_ROWS:
         train, dev, test = OFFICIAL_ROWS[task.name]
         train = min(train, cfg.max_train_examples or train)
@@ -86,11 +93,14 @@ def _facts(cfg: RunConfig, tokenizer) -> TaskFacts:
     evaluated = [*data.dev.values(), *(data.test.values() if cfg.predict_test else ())]
     dev_lengths = np.concatenate([_lengths(tokenizer, split, cfg.max_length)[0]
                                   for split in evaluated]) if evaluated else lengths
-    padded = _padded_mean(lengths, cfg.batch_size)
+    padded = _padded_mean(lengths, cfg.batch_size, shape)
     rows = len(data.train) + len(dev) + len(test)
     where = source_label(source) if source is not None else data.train.source
-    return TaskFacts(len(data.train), len(dev), len(test), padded, float(np.mean(lengths)),
-                     float(np.mean(dev_lengths)), "files", where, seconds * rows / len(lengths),
+    # evaluated rows in sorted batches: each row's length stands for its batch's longest
+    return TaskFacts(len(data.train), len(dev), len(test), padded,
+                     float(np.mean(_bucketed(lengths, shape))),
+                     float(np.mean(_bucketed(dev_lengths, shape))), "files", where,
+                     seconds * rows / len(lengths),
                      _prediction_bytes(data.task, dev, len(dev)) +
                      _prediction_bytes(data.task, test, len(test)))
 
@@ -105,10 +115,16 @@ def _lengths(tokenizer, train, max_length: int) -> tuple[np.ndarray, float]:
             max(time.perf_counter() - started, 1e-6))
 
 
-def _padded_mean(lengths: np.ndarray, batch_size: int) -> float:
-    """Mean over the loop's training batches (length-grouped) of the batch's longest row."""
+def _padded_mean(lengths: np.ndarray, batch_size: int, shape: StaticShape | None) -> float:
+    """Mean over the loop's training batches (length-grouped) of the batch's longest row, or of
+    its bucket's length (`shape`)."""
     batches = length_grouped_batches(lengths, batch_size, np.random.default_rng(0))
-    return float(np.mean([lengths[b].max() for b in batches]))
+    return float(np.mean(_bucketed(np.array([lengths[b].max() for b in batches]), shape)))
+
+
+def _bucketed(lengths: np.ndarray, shape: StaticShape | None) -> np.ndarray:
+    """Lengths as the batches are padded: to their bucket's (`shape`), else as they are."""
+    return lengths if shape is None else np.array([shape.length(int(n)) for n in lengths])
 
 
 def _prediction_bytes(task, ids: list[str], rows: int) -> int:
@@ -136,7 +152,7 @@ def work(cfg: RunConfig, facts: TaskFacts) -> Work:
     grow by gamma masked copies a row (capped by the `equal_steps` budget); SSA (the paper's
     rule) probes the training rows and gamma masked variants of each kept one - counted as
     every row kept, an upper bound - and trains them as extra rows only with label_merge
-    `variant`."""
+    `variant`; with `reuse_labels_from` it reads the labels that run saved and probes nothing."""
     kind = methods.get(cfg.method)
     n, epochs, late = facts.train_rows, cfg.epochs, max(cfg.epochs - cfg.ssa_start_epoch, 0)
     variants = round(cfg.gamma * n)
@@ -148,6 +164,8 @@ def work(cfg: RunConfig, facts: TaskFacts) -> Work:
         extra = variants * late if cfg.label_merge == "variant" else 0
     elif kind.epoch == "ssa-labels":
         probe = 2 * n * late               # the code rule probes copies until enough qualify
+    if cfg.reuse_labels_from:
+        probe = 0
     trained = n * epochs + (0 if cfg.budget == "equal_steps" else extra)
     per_epoch = [n + (extra // late if late and i >= cfg.ssa_start_epoch
                       and cfg.budget != "equal_steps" else 0) for i in range(epochs)]
@@ -226,9 +244,9 @@ def check_disk(points: list[dict], finished: set[str], outputs: Path) -> None:
     needed, counted = disk_needed(points, finished)
     free = shutil.disk_usage(existing(outputs)).free
     if needed > free:
-        raise ConfigError(f"{outputs}: the {counted} run(s) to go need {needed / GB:.1f} GB of "
+        raise ConfigError(f"{outputs}: the {counted} run(s) to go need {needed / GB:.1f} GiB of "
                           f"disk (their checkpoints: ./run_all.sh plan says per run), "
-                          f"{free / GB:.1f} GB free there; free space, set save_checkpoints: "
+                          f"{free / GB:.1f} GiB free there; free space, set save_checkpoints: "
                           "false, or pass --ignore-disk")
 
 
@@ -261,3 +279,27 @@ def plannable_kind(cfg: RunConfig) -> str | None:
     kind = methods.get(cfg.method)
     return ("multi-task" if kind.multitask else "masked-LM pretraining" if kind.pretrain
             else None)
+
+
+# ---------------------------------------------------------------- a SLURM task's request
+
+def task_memory(probes, margin: float, workers: int = 1) -> str:
+    """sbatch's --mem (GiB, per task: per node for a job of several) for a task that runs
+    `workers` points at once (per_device K) or one point on `workers` processes: each holds the
+    probes' peak memory (CPU) or, beside a GPU, host memory for the weights and data (4x the
+    model's bytes), x `margin` + 2 GiB (the interpreter and its libraries), at least 4 GiB."""
+    probes = list(probes)
+    gpu = any(p["device"].startswith("cuda") for p in probes)
+    memory = max((p["model_bytes"] * 4 if gpu else p["peak_memory_bytes"] for p in probes),
+                 default=0)
+    return f"{max(4, math.ceil(memory * workers * margin / GB) + 2)}G"
+
+
+def seconds_on_nodes(point: dict, nodes: int) -> float:
+    """A planned point's seconds on each of `nodes` nodes that run it together (kit.batch
+    --nodes): every rank takes a slice of each batch (kit.train.step.shard), so its training
+    and evaluation take 1/N of the time planned on one; building the model, tokenizing,
+    checkpoint writes and its notebook are each node's whole. A rank's smaller batch and the
+    gradients' all-reduce are not probed: --time's margin holds them."""
+    split = point.get("train_s", 0.0) + point.get("eval_s", 0.0)
+    return point["seconds"] - split * (1 - 1 / nodes)

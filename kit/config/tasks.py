@@ -36,6 +36,12 @@ class Task:
     def is_pair(self) -> bool:
         return len(self.text_columns) == 2
 
+    def splits(self, test: bool = True) -> tuple[str, ...]:
+        """The splits a run of the task needs, in order: train, every dev split, and every
+        test split where `test` (a run that predicts or pretrains on test text; `fetch` writes
+        them all). The one rule of which files make a task present in a GLUE folder."""
+        return ("train", *self.dev_splits, *(self.test_splits if test else ()))
+
 
 @dataclass
 class Split:

@@ -13,7 +13,7 @@ import numpy as np
 
 from kit import io as kio
 from kit.data.readers import (_LAYOUTS, GLUE_HINT, STSB_RANGE, DataError, check_glue_split,
-                              check_targets)
+                              check_targets, lacking, missing_files)
 from kit.config.tasks import Split, Task
 
 _HUB_DATASET = "nyu-mll/glue"
@@ -116,11 +116,6 @@ def load_hub_split(task: Task, hub_split: str, load, hint: str = "") -> Split:
 
 # ---------------------------------------------------------------- fetch: the hub into GLUE files
 
-def hub_splits(task: Task) -> dict[str, str]:
-    """Our split name -> the hub's, for every split of a task (train, dev..., test...)."""
-    return {s: _hub_split_name(s) for s in ("train", *task.dev_splits, *task.test_splits)}
-
-
 def glue_tsv(task: Task, split: str, data: Split) -> str:
     """A split as the GLUE file kit.data.readers reads back: CoLA's train and dev without a
     header (source, label, judgement, sentence), every other file with `index`, the text
@@ -147,18 +142,30 @@ def label_text(task: Task, value) -> str:
 
 
 def fetch_task(task: Task, folder: Path, load=None) -> dict[str, int] | None:
-    """Every split of a GLUE task from the hub (`load`: datasets.load_dataset) written as GLUE
-    files into folder/<TASK>/; {split: rows}. Every split is loaded before any file is written
-    (a failure leaves the folder as it was, never half of one release), each file written
-    beside and renamed. None, writing nothing, where the folder already holds the task's files:
-    GLUE files there (the project's own copy, or an earlier fetch) are never replaced."""
+    """The GLUE files of `task` that folder/<TASK>/ lacks (kit.data.readers.missing_files: every
+    split, where the folder is absent) from the hub (`load`: datasets.load_dataset); {split:
+    rows} written, None where the task is there whole. Every lacking split is loaded before
+    any is written, and written into a folder beside, then moved in (kit.io.files_into): an
+    interruption leaves the task as it was, never half of one release; the files already
+    there are never touched."""
     target = folder / task.name
-    if any(target.glob("*.tsv")):
+    lack = missing_files(folder, task)
+    if not lack:
         return None
+    in_the_way = [target] if target.exists() and not target.is_dir() else [
+        p for p in lack if p.exists()]
+    if in_the_way:
+        raise DataError(f"{lacking(in_the_way)}: where fetch writes {task.name}'s GLUE files; "
+                        "move it away and fetch again")
     if load is None:
         from datasets import load_dataset as load
-    splits = {split: load_hub_split(task, hub_split, load)
-              for split, hub_split in hub_splits(task).items()}
-    for split, data in splits.items():
-        kio.write_text(target / f"{split}.tsv", glue_tsv(task, split, data))
+    splits = {p.stem: load_hub_split(task, _hub_split_name(p.stem), load) for p in lack}
+    try:
+        with kio.files_into(target) as tmp:
+            for split, data in splits.items():
+                (tmp / f"{split}.tsv").write_text(glue_tsv(task, split, data), encoding="utf-8")
+    except OSError as err:
+        raise OSError(f"{target}: writing {', '.join(p.name for p in lack)} failed "
+                      f"({err.strerror or err}); none was written, fetch again once that is "
+                      "fixed") from None
     return {split: len(data) for split, data in splits.items()}

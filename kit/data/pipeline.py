@@ -28,21 +28,32 @@ IGNORE = -100  # label of positions that no loss looks at
 PROJECT_GLUE = PROJECT / "data" / "glue"
 
 
-def holds(folder: Path, task: str) -> bool:
-    """Whether a GLUE folder holds a task: its <TASK>/train.tsv is there (data/glue keeps some
-    tasks' dev and test only, QNLI's say)."""
-    return (folder / task / "train.tsv").is_file()
-
-
-def glue_source(glue_dir: str, task: str = "") -> str | Path:
+def glue_source(glue_dir: str, task: str = "", test: bool = False) -> str | Path:
     """Where a GLUE task's files are read from, per task, first match wins: the `glue_dir`
-    parameter, else $GLUE_DIR, when it holds `task`; else the project's data/glue when it holds
-    it; else the hub ("hub"). A folder that is named but does not exist is an error, never a
-    silent fall-through to the next source. A relative folder is the project's
-    (kit.config.paths.input_path), from notebooks/ too. Without `task`: the first folder named,
-    else the hub."""
+    parameter, else $GLUE_DIR, when it has a <TASK>/ folder; else the project's data/glue when
+    it holds the task whole (QNLI's train is not staged: QNLI comes from the hub until `fetch
+    QNLI`); else the hub ("hub"). Whole: every file of Task.splits(test), `test` where the run
+    reads its test split (RunConfig.reads_test). A folder that is named but does not exist, or
+    whose <TASK>/ lacks a file the run needs, is one DataError line, never a fall-through to
+    the next source (a user's edited copy would train on the original). A relative folder is
+    the project's (kit.config.paths.input_path), from notebooks/ too. Without `task`: the first
+    folder named, else the hub."""
     if glue_dir == "hub":
         return "hub"
+    named = _named_folders(glue_dir)
+    if not task:
+        return named[0][1] if named else "hub"
+    info = get_task(task)
+    for origin, folder in named:
+        if (folder / info.name).exists():
+            _check_whole(origin, folder, info, test)
+            return folder
+    return "hub" if readers.missing_files(PROJECT_GLUE, info, test) else PROJECT_GLUE
+
+
+def _named_folders(glue_dir: str) -> list[tuple[str, Path]]:
+    """(origin, folder) of the `glue_dir` parameter and $GLUE_DIR, where set; one that does
+    not exist is an error."""
     named = []
     for origin, chosen in (("glue_dir", glue_dir), ("GLUE_DIR", os.environ.get("GLUE_DIR", ""))):
         if chosen:
@@ -51,14 +62,19 @@ def glue_source(glue_dir: str, task: str = "") -> str | Path:
                 raise readers.DataError(f"{origin}={chosen}: no such folder; point it at the "
                                         "folder holding the <TASK>/ subfolders, or unset it to "
                                         f"use the project's copy ({PROJECT_GLUE})")
-            named.append(path)
-    if not task:
-        return named[0] if named else "hub"
-    for folder in (*named, PROJECT_GLUE):
-        if holds(folder, task):
-            return folder
-    # a named folder with part of the task (no train.tsv) is still read: its error names the file
-    return next((f for f in named if (f / task).is_dir()), "hub")
+            named.append((f"{origin}={chosen}", path))
+    return named
+
+
+def _check_whole(origin: str, folder: Path, task: Task, test: bool) -> None:
+    """A named folder's <TASK>/ must hold every file the run reads (MissingTaskFiles)."""
+    lack = readers.missing_files(folder, task, test)
+    if lack:
+        files = ", ".join(f"{s}.tsv" for s in task.splits(test))
+        raise readers.MissingTaskFiles(
+            f"{origin}: {readers.lacking(lack)}; a run of {task.name} reads {files} there and "
+            f"from no other copy: add them (./run_all.sh fetch {task.name} --glue-dir "
+            f"{folder}) or move {folder / task.name} away")
 
 
 def source_label(source: str | Path) -> str:
@@ -76,7 +92,7 @@ def sources_line(cfgs: list[RunConfig]) -> str | None:
         for name in cfg.tasks or (cfg.task,):
             task = get_task(name) if name.lower() != "csv" else None
             if task is not None and task.kind == "glue" and (name, cfg.glue_dir) not in seen:
-                where = source_label(glue_source(cfg.glue_dir, name))
+                where = source_label(glue_source(cfg.glue_dir, name, cfg.reads_test))
                 seen[name, cfg.glue_dir] = f"{name} from {where}"
     return "data: " + "; ".join(seen.values()) if seen else None
 
@@ -92,7 +108,8 @@ def load_task_data(cfg: RunConfig) -> TaskData:
             data = _load_synthetic(task, cfg.synthetic_size, cfg.synthetic_spurious,
                                    cfg.synthetic_distractors)
         else:
-            data = _load_glue(task, glue_source(cfg.glue_dir, task.name), cfg.reads_test)
+            source = glue_source(cfg.glue_dir, task.name, cfg.reads_test)
+            data = _load_glue(task, source, cfg.reads_test)
     return replace(data, train=_cap(data.train, cfg.max_train_examples))
 
 
@@ -174,9 +191,16 @@ def encode(tokenizer, split: Split, max_length: int, regression: bool,
     """Tokenize a split once (no padding); pairs are truncated longest-first like run_glue.
     With `cache_dir` (kit.data.token_cache.token_cache_dir), the token arrays are kept there for the
     next run: every point of a grid reads the same split."""
+    return encode_counted(tokenizer, split, max_length, regression, cache_dir)[0]
+
+
+def encode_counted(tokenizer, split: Split, max_length: int, regression: bool,
+                   cache_dir: str | Path | None = None
+                   ) -> tuple[Examples, token_cache.Truncation]:
+    """`encode`, and how many of the split's rows max_length truncated (kept in the cache too)."""
     tokens = (token_cache.tokenize_cached(tokenizer, split, max_length, Path(cache_dir))
               if cache_dir else token_cache.tokenize(tokenizer, split, max_length))
-    ids, types, special = tokens
+    ids, types, special, full_lengths = tokens
     if split.labels is None:
         labels = np.zeros(len(ids), dtype=np.float32 if regression else np.int64)
     else:
@@ -184,7 +208,8 @@ def encode(tokenizer, split: Split, max_length: int, regression: bool,
     importance = None
     if split.importance is not None:
         importance = _token_importance(tokenizer, split, max_length, ids)
-    return Examples(ids, types, special, labels, importance=importance)
+    return (Examples(ids, types, special, labels, importance=importance),
+            token_cache.Truncation.of(full_lengths, max_length))
 
 
 def _token_importance(tokenizer, split: Split, max_length: int, ids) -> list[np.ndarray]:

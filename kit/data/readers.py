@@ -142,17 +142,32 @@ _LAYOUTS: dict[str, _Layout] = {
 STSB_RANGE = (0.0, 5.0)
 
 
-def _splits_of(task: Task) -> tuple[str, ...]:
-    return ("train", *task.dev_splits, *task.test_splits)
-
-
 def check_glue_split(task: Task, split: str) -> None:
     if task.kind != "glue" or task.name not in _LAYOUTS:
         raise DataError(f"task {task.name!r} is not a GLUE task; only the nine GLUE tasks are "
                         "read from GLUE folders or the hub")
-    if split not in _splits_of(task):
+    if split not in task.splits():
         raise DataError(f"{task.name} has no split {split!r}; choose one of "
-                        f"{', '.join(_splits_of(task))}")
+                        f"{', '.join(task.splits())}")
+
+
+class MissingTaskFiles(DataError):
+    """A GLUE folder's <TASK>/ lacks files a run needs: the task is not there whole."""
+
+
+def missing_files(root: Path, task: Task, test: bool = True) -> list[Path]:
+    """The files of `task.splits(test)` that root/<TASK>/ lacks: absent, or not a file (a
+    folder named train.tsv). Empty where the task is there whole."""
+    return [path for split in task.splits(test)
+            if not (path := root / task.name / f"{split}.tsv").is_file()]
+
+
+def lacking(paths: Sequence[Path]) -> str:
+    """`missing_files` (of one folder) in words: `/g/RTE/train.tsv (absent)`, or
+    `/g/RTE/: train.tsv (absent), dev.tsv (not a file)`."""
+    said = [f"{p.name} ({'not a file' if p.exists() else 'absent'})" for p in paths]
+    return f"{paths[0].parent / said[0]}" if len(said) == 1 else (
+        f"{paths[0].parent}/: {', '.join(said)}")
 
 
 def _glue_path(task: Task, split: str, glue_dir: str | Path) -> Path:
@@ -166,7 +181,7 @@ def _glue_path(task: Task, split: str, glue_dir: str | Path) -> Path:
     path = root / task.name / f"{split}.tsv"
     if not path.is_file():
         raise DataError(f"{path} does not exist; {task.name} needs "
-                        f"{', '.join(s + '.tsv' for s in _splits_of(task))}; {GLUE_HINT}")
+                        f"{', '.join(s + '.tsv' for s in task.splits())}; {GLUE_HINT}")
     return path
 
 

@@ -15,10 +15,11 @@ from kit.config.run_config import ConfigError, RunConfig
 from kit.config.tasks import GLUE_TASKS
 from kit.data.hub import hub_unreachable
 from kit.data.pipeline import glue_source, load_task_data
-from kit.data.readers import DataError
+from kit.data.readers import DataError, MissingTaskFiles
 from kit.data.pretrain_text import load_text
 from kit.models.backbones import ModelError, check_hub_model, missing_folder
 from kit.train import tracking as ktracking
+from kit.train.gpu_request import check_gpu_torch
 
 @functools.cache
 def _hub_reason() -> str | None:
@@ -26,21 +27,20 @@ def _hub_reason() -> str | None:
 
 
 def missing_task_files(cfg: RunConfig) -> str | None:
-    """Why a GLUE task cannot run (found nowhere: its files are absent, or it would come from
-    an unreachable hub), else None. A glue_dir / GLUE_DIR that does not exist raises DataError."""
+    """Why a GLUE task cannot run (its folder in glue_dir / GLUE_DIR lacks files, or it is
+    found nowhere and the hub is unreachable), else None. A glue_dir / GLUE_DIR that does not
+    exist raises DataError."""
     task = GLUE_TASKS.get(cfg.task)          # RunConfig spells task names as the registry does
     if task is None:
         return None
-    source = glue_source(cfg.glue_dir, task.name)
-    if source == "hub":
-        reason = _hub_reason()
-        return (f"{task.name}: in no glue_dir / GLUE_DIR nor the project's data/glue, and "
-                f"the hub is unreachable ({reason}); ./run_all.sh fetch {task.name} on a "
-                "networked machine writes it into data/glue") if reason else None
-    for split in ("train", *task.dev_splits, *(task.test_splits if cfg.reads_test else ())):
-        if not (source / task.name / f"{split}.tsv").exists():
-            return f"{source / task.name / (split + '.tsv')} not found"
-    return None
+    try:
+        source = glue_source(cfg.glue_dir, task.name, cfg.reads_test)
+    except MissingTaskFiles as err:
+        return str(err)
+    reason = _hub_reason() if source == "hub" else None
+    return (f"{task.name}: in no glue_dir / GLUE_DIR nor the project's data/glue, and "
+            f"the hub is unreachable ({reason}); ./run_all.sh fetch {task.name} on a "
+            "networked machine writes it into data/glue") if reason else None
 
 
 def _data_key(cfg: RunConfig) -> tuple:
@@ -68,8 +68,9 @@ def _check_model_folder(model: str, made: dict[Path, int]) -> None:
 
 
 def _check_label_source(cfg: RunConfig, ids: set[str], where: Path) -> None:
-    """`reuse_labels_from` names a run folder that exists or that a point of this batch writes
-    (its run id), else one line now: the run would fail at its first SSA epoch."""
+    """`reuse_labels_from` names a run folder that exists or that a point of the grid writes
+    (its run id; one that --only left out blocks the point as it runs, kit.cluster.pool), else
+    one line now: the run would fail at its first SSA epoch."""
     source = cfg.reuse_labels_from
     if source and not input_path(source).is_dir() and Path(source).name not in ids:
         raise ConfigError(f"{where}: reuse_labels_from: {source}: no such run folder, and no "
@@ -82,9 +83,11 @@ def preflight(profile: Profile, points: list[dict]) -> dict[str, str]:
     ConfigError / DataError / ModelError for everything else: a task missing from a profile that
     needs it, a glue_dir that does not exist, a malformed file (with its line), a tracker not
     installed, a model folder that is not there (and that no earlier point writes), a
-    reuse_labels_from folder that is not there (and is no point's run)."""
+    reuse_labels_from folder that is not there (and is no point's run), a GPU given to this job
+    that the installed torch cannot use (kit.train.gpu_request)."""
+    check_gpu_torch()
     absent, checked, made = {}, {}, {}
-    ids = {RunConfig.from_dict(p).run_id for p in points}
+    ids = {RunConfig.from_dict(p).run_id for p in points} | profile.grid_ids
     for i, point in enumerate(points):
         cfg = RunConfig.from_dict(point)
         _check_label_source(cfg, ids, profile.path)
