@@ -1,6 +1,7 @@
 """The kit's module graph: no import cycle, counting imports inside functions too (a lazy
-import must not hide a cycle); each layer imports only the layers below it (docs/architecture.md);
-the outputs contract and the loop have one home each, each method's code its file."""
+import must not hide a cycle); each layer imports only the layers below it
+(docs/reference/architecture.md); the outputs contract and the loop have one home each, each
+method's code its file."""
 import ast
 import json
 import re
@@ -129,7 +130,7 @@ def _path_segments(tree: ast.AST):
         yield from (p.value for p in parts if isinstance(p, ast.Constant))
 
 
-# ---------------------------------------------------------- the layers (docs/architecture.md)
+# -------------------------------------------- the layers (docs/reference/architecture.md)
 # Each layer imports only the layers below it (and its own package). The method registry's table
 # (kit/methods/__init__.py) is data with no kit import: it sits at the bottom and every layer may
 # read it; the methods' code files beside it are layer 5. kit.cluster (kernels, signals, a
@@ -153,7 +154,7 @@ def layer(module: str) -> str:
 
 def test_every_kit_module_has_a_layer():
     unplaced = [m for m in graph() if layer(m) not in LAYERS]
-    assert not unplaced, f"give these a layer (docs/architecture.md, LAYERS): {unplaced}"
+    assert not unplaced, f"give these a layer (docs/reference/architecture.md, LAYERS): {unplaced}"
 
 
 def test_new_flat_modules_are_doors_and_every_subpackage_has_a_layer():
@@ -229,7 +230,7 @@ def test_each_method_file_is_code_not_a_stub():
 
 
 def test_the_worked_example_of_a_new_method_runs(monkeypatch):
-    """docs/architecture.md's 20-line method, as written there (its file, its registry row, its
+    """docs/new-method.md's 20-line method, as written there (its file, its registry row, its
     EPOCHS line), makes a method whose epoch is the training set plus shuffled copies."""
     import numpy as np
 
@@ -239,7 +240,7 @@ def test_the_worked_example_of_a_new_method_runs(monkeypatch):
     from kit.methods import epochs
     from kit.methods.ssa import SSASettings
 
-    doc = (KIT.parent / "docs" / "architecture.md").read_text()
+    doc = (KIT.parent / "docs" / "new-method.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
     code = next(b for b in blocks if b.startswith("# kit/methods/shuffled.py"))
     module = {}

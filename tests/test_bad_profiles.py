@@ -1,6 +1,7 @@
 """Bad profiles and flags a user may write, each stopped by one line naming the file and what is
-wrong before anything trains (docs/errors.md): an empty file, a grid of no points, a flag of the
-wrong kind, a key given twice, overrides for a task the grid lacks, a seed numpy refuses."""
+wrong before anything trains (docs/reference/errors.md): an empty file, a grid of no points, a
+flag of the wrong kind, a key given twice, overrides for a task the grid lacks, a seed numpy
+refuses."""
 import pytest
 
 from kit import batch

@@ -19,6 +19,7 @@ from kit.results.tables.paper_table import paper_table
 from kit.results.frame.stats import significance_mark, welch_test
 from kit.results.tables.build import (budget_view, comparisons, epoch_table, runs_table,
                                        summary_table)
+from kit.results.tables.table_sets import profile_tables
 from kit.results.tables.writers import write_tables
 
 # The paper's table rows, copied verbatim from its text into the project (tests read nothing
@@ -118,15 +119,42 @@ def test_load_runs_flattens_nested_config(tmp_path):
     ("metrics.json", '{"status": "done"}', "status must be 'ok', 'failed' or 'preempted', got "
                                            "'done'"),
     ("config.json", "", "corrupt JSON (Expecting value")])
-def test_a_damaged_run_is_skipped_with_a_line_naming_its_file(tmp_path, capsys, name, text, why):
-    """A truncated or foreign record in one run folder: the report's tables go on without it,
-    and one line on stderr names the file and what is wrong."""
+def test_a_damaged_run_is_a_row_of_its_own_naming_its_file(tmp_path, capsys, name, text, why):
+    """A truncated or foreign record in one run folder: a row with status damaged, its error
+    naming the file and what is wrong (its identity from config.json where that can be read),
+    and the others go on."""
     make_run(tmp_path, "a")
-    bad = make_run(tmp_path, "b") / name
+    bad = make_run(tmp_path, "b", seed=1) / name
     bad.write_text(text)
-    assert list(load_runs(tmp_path)["run_id"]) == ["a"]
-    err = capsys.readouterr().err
-    assert err.startswith(f"skipped a damaged run: {bad}: {why}") and err.count("\n") == 1
+    df = load_runs(tmp_path).set_index("run_id")
+    assert list(df.index) == ["a", "b"] and list(df["status"]) == ["ok", "damaged"]
+    assert df.loc["b", "error"].startswith(f"{bad}: {why}")
+    if name == "metrics.json":                        # config.json says which cell it is in
+        assert (df.loc["b", "task"], df.loc["b", "seed"]) == ("RTE", 1)
+    else:
+        assert pd.isna(df.loc["b", "task"]) and pd.isna(df.loc["b", "seed"])
+    assert pd.isna(df.loc["b", "score"]) and capsys.readouterr().err == ""
+
+
+def test_a_damaged_run_is_counted_in_its_cell_never_dropped(tmp_path):
+    """3 good seeds and one truncated metrics.json: the paper layout says 3 of 4 with 1 damaged,
+    the summary counts it, the notes above every table name it; the mean is the 3 good ones'."""
+    for seed in range(3):
+        make_run(tmp_path, f"rte-{seed}", seed=seed, dev=acc(0.60 + seed / 100))
+    bad = make_run(tmp_path, "rte-3", seed=3) / "metrics.json"
+    bad.write_text(bad.read_text()[:40])
+    runs = load_runs(tmp_path)
+    assert paper_table(runs).loc["BERT-r", "RTE"] == "61.0 ± 1.0 (n=3 of 4, 1 damaged)"
+    summary = summary_table(runs).iloc[0]
+    assert (summary["n_seeds"], summary["n_failed"], summary["n_missing"],
+            summary["n_damaged"]) == (3, 0, 0, 1)
+    assert summary["score_mean"] == pytest.approx(0.61)
+    tables = profile_tables(runs)
+    assert list(tables["Runs"]["status"]) == ["ok", "ok", "ok", "damaged"]
+    assert [n.split(":")[0] for n in tables["Runs"].attrs["notes"]][:1] == [
+        "1 damaged run (a record no run writes; counted in n, never averaged; rerunning its "
+        "point retrains it)"]
+    assert f"rte-3: {bad}: corrupt JSON (Unterminated string" in tables["Runs"].attrs["notes"][0]
 
 
 def test_tables_and_the_batch_process_never_import_torch():
@@ -155,7 +183,7 @@ def test_summary_over_seeds_with_failed_and_missing(tmp_path):
     out = summary_table(load_runs(tmp_path))
     assert list(out["task"]) == ["MRPC", "RTE"]
     mrpc = out.iloc[0]
-    assert (mrpc["n_seeds"], mrpc["n_failed"], mrpc["n_missing"]) == (2, 1, 0)
+    assert (mrpc["n_seeds"], mrpc["n_failed"], mrpc["n_missing"], mrpc["n_damaged"]) == (2, 1, 0, 0)
     assert mrpc["f1_mean"] == pytest.approx(0.85) and mrpc["accuracy_mean"] == pytest.approx(0.75)
     assert mrpc["f1_std"] == pytest.approx(np.std([0.8, 0.9], ddof=1))
     assert mrpc["score_mean"] == pytest.approx(0.8)
@@ -208,9 +236,9 @@ def test_paper_table_layout(grid):
     bert, ssah = table.loc["BERT-r"], table.loc["SSA-H"]
     assert bert["MRPC"] == "88.0/84.0 ± 1.0/0.0 (n=3)"               # F1/acc
     assert bert["MNLI"] == "80.0/81.0 ± 1.0/0.0 (n=3)"               # m/mm
-    assert bert["RTE"] == "61.0 ± 1.0 (n=3, 1 failed)"
+    assert bert["RTE"] == "61.0 ± 1.0 (n=3 of 4, 1 failed)"
     assert ssah["RTE"] == "71.0** ± 1.0 (n=3)"                       # Welch vs BERT-r
-    assert ssah["MRPC"] == "89.5/85.0 ± 0.7/0.0 (n=2, 1 missing)"
+    assert ssah["MRPC"] == "89.5/85.0 ± 0.7/0.0 (n=2 of 3, 1 missing)"
     assert ssah["MNLI"] == "81.0/81.0 ± 1.0/0.0 (n=3)"               # mean 81 vs 80.5: p > .05
     assert bert["Avg"] == f"{np.mean([86.0, 80.5, 61.0]):.1f}"       # GLUE average of scores
     assert table.loc["BERT-mask", "MRPC"] == ""                      # not run there
@@ -223,7 +251,7 @@ def test_paper_table_single_seed_and_all_failed(tmp_path):
     make_run(tmp_path, "b", task="SST-2", status="failed")
     table = paper_table(load_runs(tmp_path))
     assert table.loc["BERT-r", "CoLA"] == "43.2 (n=1)"
-    assert table.loc["BERT-r", "SST-2"] == "n/a (n=0, 1 failed)"
+    assert table.loc["BERT-r", "SST-2"] == "n/a (n=0 of 1, 1 failed)"
 
 
 def test_paper_table_with_the_papers_rows(grid):
@@ -237,6 +265,9 @@ def test_paper_table_with_the_papers_rows(grid):
     assert table.loc["SSA-H (measured - paper)", "RTE"] == "+0.7"
     assert table.loc["BERT-r (measured - paper)", "MNLI"] == "-4.2/-2.2"
     assert table.loc["BERT-r (paper)", "Avg"] == f"{np.mean([(87.1 + 82.8) / 2, 83.7, 69.1]):.1f}"
+    # the paper's rows are test scores, the kit's dev scores: the caption says so, only there
+    assert "(paper) rows: the paper's GLUE test-server scores" in table.attrs["caption"]
+    assert "GLUE test-server" not in paper_table(grid).attrs["caption"]
 
 
 def test_paper_table_several_models(tmp_path):
@@ -489,7 +520,7 @@ def test_epoch_views_last_and_heldout(tmp_path):
         paper_table(runs, epoch="first")
     make_run(tmp_path, "b2", seed=2, dev=acc(0.7))        # recorded no per-epoch subsets
     held = paper_table(load_runs(tmp_path), epoch="heldout")
-    assert held.loc["BERT-r", "RTE"] == "64.0† ± 0.0 (n=2, 1 missing)"
+    assert held.loc["BERT-r", "RTE"] == "64.0† ± 0.0 (n=2 of 3, 1 missing)"
 
 
 def test_runs_table_keeps_the_fields_that_vary(tmp_path):

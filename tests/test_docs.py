@@ -6,8 +6,9 @@ subcommands, and the module or script each one runs), the argparse calls of kit.
 kit.slurm, kit.predict, kit.doctor and bench/*.py (read with `ast`, so a flag added to a parser is
 known at once), pytest's options in tests/conftest.py, RunConfig's fields, PROFILE_KEYS, the
 parameters cells of notebooks/, params/*.yaml and the files of the checkout. The docs are
-README.md, RESULTS.md, docs/*.md, bench/README.md, the notebooks' markdown cells and run_all.sh's
-usage text and header comment. Each check lists every problem of one doc in one failure.
+README.md, RESULTS.md, docs/*.md, docs/reference/*.md, bench/README.md, the notebooks' markdown
+cells and run_all.sh's usage text and header comment. Each check lists every problem of one doc
+in one failure.
 """
 from __future__ import annotations
 
@@ -164,6 +165,7 @@ def doc_text(name: str) -> str:
 
 DOCS = sorted(["README.md", "RESULTS.md", "bench/README.md", "run_all.sh",
                *(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+               *(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "reference").glob("*.md")),
                *(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))])
 
 
@@ -451,8 +453,8 @@ def test_every_profile_is_in_the_readmes_table():
     assert PROFILES - names == set(), "profiles in params/ missing from README's table"
 
 
-def test_every_notebook_is_in_the_usage_pages_table():
-    rows = re.findall(r"^\| `([\w-]+)\.ipynb` \|", doc_text("docs/usage.md"), re.M)
+def test_every_notebook_is_in_the_notebook_pages_table():
+    rows = re.findall(r"^\| `([\w-]+)\.ipynb` \|", doc_text("docs/notebooks.md"), re.M)
     assert set(rows) == NOTEBOOKS
 
 
@@ -484,7 +486,8 @@ def test_every_bench_entry_point_is_in_bench_readme():
 
 
 def test_profiles_page_has_a_row_per_profile_key_and_errors_md_the_real_message(tmp_path):
-    """docs/profiles.md's key table is PROFILE_KEYS; errors.md quotes the message the kit gives."""
+    """docs/profiles.md's key table is PROFILE_KEYS; docs/reference/errors.md quotes the message
+    the kit gives."""
     from kit.config.profiles import read_spec
     from kit.config.run_config import ConfigError
     table = re.search(r"^## The keys\n(.*?)^## ", doc_text("docs/profiles.md"), re.S | re.M)[1]
@@ -494,7 +497,7 @@ def test_profiles_page_has_a_row_per_profile_key_and_errors_md_the_real_message(
     with pytest.raises(ConfigError) as err:
         read_spec(path)
     message = str(err.value).replace(str(path), "params/p.yaml")
-    assert f"`{message}`" in doc_text("docs/errors.md")
+    assert f"`{message}`" in doc_text("docs/reference/errors.md")
 
 
 def test_ssa_pages_equation_table_names_functions_its_files_define():

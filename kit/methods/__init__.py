@@ -4,7 +4,7 @@ The registry is one table, a row per method: its name, how tables and figures sh
 the kit's building blocks it uses. Data only (no torch, no kit import): every layer may read it
 (kit.config validates `method` against it), and nothing tests a method's name instead. The code
 files (bert, bert_mask, ssa, ssa_heads, epochs, guiding, embert) import kit.config, kit.data,
-kit.models, kit.io and kit.runs; this file imports none of them. docs/architecture.md: adding a
+kit.models, kit.io and kit.runs; this file imports none of them. docs/new-method.md: adding a
 method.
 """
 from __future__ import annotations

@@ -24,7 +24,16 @@ from kit.config.tasks import GLUE_TASKS
 DEGENERATE = "†"     # a degenerate cell (kit.results.tables.build.degenerate)
 
 
-def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) -> str:
+# the paper's rows are GLUE test-server scores, the kit's dev scores: said under every table
+# that shows both, since "(measured - paper)" reads like a reproduction check
+PUBLISHED_NOTE = ("(paper) rows: the paper's GLUE test-server scores; (measured - paper): these "
+                  "dev scores minus them. Dev and test sets differ, so a delta is no "
+                  "reproduction check: the test scores come from the GLUE server "
+                  "(outputs/submissions/).")
+
+
+def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str],
+             published: bool = False) -> str:
     """What a paper_table shows and tested, for its caption."""
     label = METHOD_LABELS.get(baseline, baseline)
     avg = ("Avg: the average of the task scores of every column scored in percent, as GLUE "
@@ -37,7 +46,8 @@ def _caption(epoch: str, test: str, baseline: str, m: int, left_out: list[str]) 
             f"Holm-Bonferroni-corrected across the table's {m} comparisons: * p < 0.05, "
             f"** p < 0.01, gains only. {DEGENERATE} degenerate: the same score on every seed, or "
             f"an MCC / Pearson of exactly 0 on every seed, one seed included (a constant "
-            f"prediction, e.g. a majority-class model); its mean, std and test say nothing. {avg}")
+            f"prediction, e.g. a majority-class model); its mean, std and test say nothing. {avg}"
+            + (f" {PUBLISHED_NOTE}" if published else ""))
 
 
 def _joined(values: list[float] | None, spec: str) -> str:
@@ -51,7 +61,9 @@ def _measured_cell(task: str, rows: pd.DataFrame, metrics: Sequence[str], mark: 
     if rows.empty:                            # the method was not run on this task
         return None, False, ""
     ok, counts = ok_runs(rows, what), status_counts(rows)
-    notes = ", ".join([f"n={len(ok)}"] + [f"{n} {s}" for s, n in counts.items() if n])
+    # "n=3 of 4, 1 damaged": the runs without a result stay in sight, never a smaller n alone
+    shown = f"n={len(ok)}" + (f" of {len(rows)}" if len(rows) > len(ok) else "")
+    notes = ", ".join([shown] + [f"{n} {s}" for s, n in counts.items() if n])
     if ok.empty:
         return None, False, f"n/a ({notes})"
     scale, spec = (100, ".1f") if percent_task(task, rows) else (1, ".3f")
@@ -103,14 +115,14 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
 
     Rows: methods (BERT-r, BERT-mask, SSA-Co, SSA-H, then others), per model when `df` holds
     several (labels get " [model]"). Columns: Avg, then the tasks present in GLUE order, then
-    other tasks. A cell is "mean/mean* ± std/std (n=.., k failed, k missing)" x100 with one
-    decimal (MRPC/QQP F1/acc, STS-B pearson/spearman, MNLI m/mm; the task score alone in the
-    heldout `epoch` view). "*"/"**" mark a task score significantly higher than the `baseline`
-    method's (`comparisons`: two-sided `test`, Holm-corrected across the table, p < 0.05 /
-    0.01; lower scores are never marked). "†" flags a degenerate cell (the same score on every
-    seed, or a constant predictor's exact 0 on MCC / Pearson, one seed included:
-    `kit.results.tables.build.degenerate`); a task with one is left out of every row's Avg, so the
-    averages stay comparable.
+    other tasks. A cell is "mean/mean* ± std/std (n=.. of .., k failed, k missing, k damaged)"
+    x100 with one decimal (MRPC/QQP F1/acc, STS-B pearson/spearman, MNLI m/mm; the task score
+    alone in the heldout `epoch` view). "*"/"**" mark a task score significantly higher than
+    the `baseline` method's (`comparisons`: two-sided `test`, Holm-corrected across the table,
+    p < 0.05 / 0.01; lower scores are never marked). "†" flags a degenerate cell (the same
+    score on every seed, or a constant predictor's exact 0 on MCC / Pearson, one seed included:
+    `kit.results.tables.build.degenerate`); a task with one is left out of every row's Avg, so
+    the averages stay comparable.
     Avg averages the task scores as GLUE does, over every percent-scored column (a synthetic task
     counts as one), "n/a" when a task has no OK run. The caption
     (`.attrs["caption"]`) says all this. k-fold CSV runs are left out (see fold_table).
@@ -139,13 +151,14 @@ def paper_table(df: pd.DataFrame, baseline: str = "bert", paper: str | None = No
         rows.append((label, method, published, cells))
     left_out = [t for t in percent if any(cells[t][1] for *_, cells in rows)]
     avg_tasks = [t for t in percent if t not in left_out]
-    table = {}
+    table, any_published = {}, False
     for label, method, published, cells in rows:
         means = {t: cell[0] for t, cell in cells.items()}
         table[label] = {"Avg": _avg(means, avg_tasks), **{t: c[2] for t, c in cells.items()}}
         if published and (row := paper_row(published, method)):
             table.update(_published_rows(label, row, means, tasks, avg_tasks))
+            any_published = True
     out = pd.DataFrame.from_dict(table, orient="index", columns=["Avg", *tasks])
     out.index.name = "Model"
-    out.attrs["caption"] = _caption(epoch, test, baseline, len(tests), left_out)
+    out.attrs["caption"] = _caption(epoch, test, baseline, len(tests), left_out, any_published)
     return out

@@ -3,8 +3,8 @@ errors it is surest of (`surest_errors`), a confusion matrix (`confusion`) or, f
 task, prediction against label (`plot_regression`).
 
 Predictions come from the kit's own door, kit.predict.predict (the run's best checkpoint, the
-dev set's tokenization and batching). A door sits above this layer (docs/architecture.md), so
-the notebook passes it in: `dev_predictions(run_dir, predict)`.
+dev set's tokenization and batching). A door sits above this layer
+(docs/reference/architecture.md), so the notebook passes it in: `dev_predictions(run_dir, predict)`.
 """
 from __future__ import annotations
 
