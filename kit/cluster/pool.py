@@ -27,10 +27,10 @@ from kit.cluster import tally
 from kit.cluster.kernels import Kernels
 from kit.cluster.point import NOTEBOOK_FAILED
 from kit.cluster.signals import FORWARD
-from kit.config.grids import chains, point_label, sources
+from kit.config.grids import chains, outside_sources, point_label, sources
 from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
-from kit.runs import finished_metrics, record_blocked
+from kit.runs import finished_metrics, record_blocked, source_status
 
 LOCK_POLL_S = 2.0       # how often a batch looks again at the points another batch holds
 Unit = list[tuple[int, dict]]       # points (numbered 1.. in the batch's order) one slot runs
@@ -65,6 +65,8 @@ class Batch:
     def __post_init__(self):
         # the points each point reads the output of (labels, an adapted model), 1-based
         self.sources = {i + 1: [j + 1 for j in js] for i, js in sources(self.points).items()}
+        # the run folder a point reads labels from when no point of this batch is that run
+        self.outside = {i + 1: folder for i, folder in outside_sources(self.points).items()}
 
     def may_start(self) -> bool:
         """No new point after a signal, or once a point was stopped."""
@@ -113,10 +115,13 @@ class Batch:
         """("blocked", why) for a point whose source did not finish ok (recorded in its
         metrics.json, never trained on a fallback), ("held", why) while another batch holds the
         source; None when it may run (or has finished: it is skipped as ever). A source's
-        outcome in this batch decides, else its record (a source run by an earlier batch)."""
-        if i not in self.sources or (finished_metrics(cfg) is not None and not cfg.rerun):
+        outcome in this batch decides, else its record (a source run by an earlier batch); a
+        source outside the batch (--only left it out) by its record alone: a run that failed
+        in its last epoch has saved its earlier epochs' labels all the same."""
+        if (i not in self.sources and i not in self.outside) or (
+                finished_metrics(cfg) is not None and not cfg.rerun):
             return None
-        for j in self.sources[i]:
+        for j in self.sources.get(i, []):
             source = RunConfig.from_dict(self.points[j - 1])
             with self.lock:
                 status = self.outcomes.get(j)
@@ -124,15 +129,24 @@ class Batch:
                 continue
             if status == "held":
                 return "held", f"its source {source.run_id} is held by another batch"
-            line = f"source {point_label(source.to_dict())} {SOURCE_WHY.get(status, status)}"
-            if not record_blocked(cfg, line, source.run_id):
-                return "held", "running in another batch"
-            return "blocked", line
+            return _blocked(cfg, f"source {point_label(source.to_dict())} "
+                                 f"{SOURCE_WHY.get(status, status)}", source.run_id)
+        if i in self.outside and (status := source_status(self.outside[i])) != "ok":
+            folder = self.outside[i]
+            return _blocked(cfg, f"source {folder.name}: {status}", folder.name)
         return None
 
     def _say(self, line: str) -> None:
         with self.lock:
             print(line, flush=True)
+
+
+def _blocked(cfg: RunConfig, line: str, source: str) -> tuple[str, str]:
+    """("blocked", line), its record written (kit.runs.record_blocked); ("held", why) when
+    another batch holds the point."""
+    if not record_blocked(cfg, line, source):
+        return "held", "running in another batch"
+    return "blocked", line
 
 
 def run_all(batch: Batch, kernels: Kernels, per_device: int, fresh: bool,

@@ -35,6 +35,8 @@ class Array:
     max_parallel: int | None = None
     nodes: int = 1
     max_requeues: int = DEFAULT_REQUEUES
+    account: str | None = None
+    mem: str | None = None      # sbatch's --mem: per task, or per node of a job of several
 
     @property
     def script_path(self) -> Path:
@@ -54,8 +56,9 @@ def directives(array: Array) -> list[str]:
              else [f"--array=0-{array.tasks - 1}{throttle}"])
     lines = [f"--job-name=ssa-kit-{array.name}", *shape, f"--output={array.log_pattern}",
              "--open-mode=append", "--requeue", f"--signal=B:USR1@{array.grace_s}"]
-    optional = {"time": array.time, "partition": array.partition,
-                "gpus-per-task": array.gpus_per_task, "cpus-per-task": array.cpus_per_task}
+    optional = {"time": array.time, "partition": array.partition, "account": array.account,
+                "gpus-per-task": array.gpus_per_task, "cpus-per-task": array.cpus_per_task,
+                "mem": array.mem}
     lines += [f"--{key}={value}" for key, value in optional.items() if value is not None]
     return [f"#SBATCH {line}" for line in lines + array.extra]
 
