@@ -5,13 +5,16 @@ what `./run_all.sh slurm` would ask for (kept in outputs/plans/ for slurm's --ti
     ./run_all.sh plan PROFILE [--only KEY=V1,V2 ...] [--per-device K] [--json] [--budget S]
 
 Rows and token lengths come from the tasks' files (kit.cluster.costs; GLUE's official counts
-where absent). Time and memory: ~BUDGET s of probing per model x length class x batch of the
-profile's own models, built from their configs (kit.train.model_probe), at the
-8-token classes around each point's lengths (the line between them). A point = its batches x
-s/step + its evaluated rows (dev each epoch, test, SSA's probing) x s/row + building the model
-and tokenizing + its checkpoint writes (timed as the probe writes one) + its notebook around
-the run; a batch (each slurm task) adds its process's and kernel's start and its end (tables,
-report), both timed by running a two-point batch of the tiny model (kit.cluster.overhead).
+where absent; with length buckets, the buckets' lengths). Time and memory: ~BUDGET s of probing
+per distinct step x length class: each point's own model and loss, built as its run builds them
+with random weights (kit.train.model_probe: its method's heads, eager attention with maps where
+a guide loss reads them), at the 8-token classes around its lengths (the line between them).
+A point = its batches x s/step + its evaluated rows (dev each epoch, test, SSA's probing unless
+it reuses labels) x s/row + building the model, tokenizing (once per token cache key) + its
+checkpoint writes (timed as the probe writes one) + its notebook around the run
+(kit.cluster.point_cost); a batch (each slurm task) adds its process's and kernel's start and
+its end (tables, report), both timed by running a two-point batch of the tiny model
+(kit.cluster.overhead).
 --per-device K: K points at once, each probed on cores / K threads (CPU); the total divides by K.
 """
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from kit.cluster import costs
 from kit.cluster.overhead import NOT_PROBED, batch_probe
+from kit.cluster.point_cost import between, label, point_cost
 from kit.cluster.slurm_script import DEFAULT_TASKS_CAP
 from kit import io as kio
 from kit.config.grids import frozen
@@ -70,13 +74,14 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
     """The plan as a dict (what --json prints): `points`, `probes`, `batch`, `total`, `slurm`.
     `overhead`: what a batch pays around its points' runs (default: measured,
     kit.cluster.overhead.batch_probe, once a point is planned)."""
-    from kit.models.regional_compile import planned_steps, resolve_cuda_graphs
+    from kit.models.regional_compile import planned_steps, resolve_graphs
     from kit.train.accel import cpu_threads, machine_device
-    from kit.train.model_probe import model_probe
+    from kit.train.model_probe import model_probe, step_config
+    from kit.train.step import static_shape
     probe = probe or model_probe
     device = machine_device()
     threads = max(1, cpu_threads() // per_device)
-    tokenizers, tok_bytes, probes, points, adapted = {}, {}, {}, [], {}
+    tokenizers, tok_bytes, probes, points, adapted, tokenized = {}, {}, {}, [], {}, set()
     for point in profile.points:
         cfg = RunConfig.from_dict(point)
         if cfg.adapted_dir:            # a later point fine-tunes what this one writes
@@ -85,29 +90,35 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
         run_id = cfg.run_id
         cfg = replace(cfg, model=adapted.get(project_path(cfg.model), cfg.model))
         if (why := costs.plannable_kind(cfg)) is not None:
-            points.append({"run_id": run_id, "label": _label(cfg), "not_planned": why})
+            points.append({"run_id": run_id, "label": label(cfg), "not_planned": why})
             continue
         if cfg.model not in tokenizers:
             tokenizers[cfg.model] = tokenizer_of(cfg.model)
             tok_bytes[cfg.model] = saved_bytes(tokenizers[cfg.model])
-        facts = costs.task_facts(cfg, tokenizers[cfg.model])
+        tokenizer = tokenizers[cfg.model]
         # the graphs the run's own loop will take (kit.train.loop), probed as it will train
-        graphs = resolve_cuda_graphs(cfg.cuda_graphs, device, planned_steps(
-            cfg.epochs, facts.train_rows, cfg.batch_size, cfg.grad_accum),
-            cfg.guide_loss == "task" and not cfg.compile)
+        # (one process: a plan's probes run one)
+        resolved = resolve_graphs(cfg, device, planned_steps(
+            cfg.epochs, costs.task_facts(cfg, tokenizer).train_rows, cfg.batch_size,
+            cfg.grad_accum), 1)
+        graphs = resolved.graphs
+        # its batches padded as the loop pads them: to length buckets where it takes them
+        facts = costs.task_facts(cfg, tokenizer, static_shape(
+            resolved.length_buckets, cfg.max_length, 0))
+        if costs.token_key(cfg) in tokenized:      # an earlier point filled the token cache
+            facts = replace(facts, tokenize_s=0.0)
+        tokenized.add(costs.token_key(cfg))
+        step = step_config(cfg)
 
-        def at(length: int, cfg=cfg, graphs=graphs) -> dict:
-            key = (cfg.model, length, cfg.batch_size, cfg.eval_batch_size, cfg.freeze_layers,
-                   cfg.mixed_precision, graphs)
-            if key not in probes:
-                probes[key] = probe(cfg.model, cfg.batch_size, length, cfg.eval_batch_size,
-                                    freeze_layers=cfg.freeze_layers,
-                                    precision=cfg.mixed_precision, budget_s=budget_s,
-                                    threads=threads, graphs=graphs)
-            return probes[key]
-        points.append({**_point(cfg, facts, between(at, facts.train_length),
-                                between(at, facts.dev_length), between(at, facts.eval_length),
-                                tok_bytes[cfg.model]), "run_id": run_id})
+        def at(length: int, step=step, graphs=graphs) -> dict:
+            if (step, length, graphs) not in probes:    # each distinct step once
+                probes[step, length, graphs] = probe(step, length, budget_s=budget_s,
+                                                     threads=threads, graphs=graphs)
+            return probes[step, length, graphs]
+        probing = between(at, facts.eval_length) if costs.work(cfg, facts).probe_rows else None
+        points.append({**point_cost(cfg, facts, between(at, facts.train_length),
+                                    between(at, facts.dev_length), probing,
+                                    tok_bytes[cfg.model]), "run_id": run_id})
     planned = [p for p in points if "seconds" in p]
     if overhead is None:
         overhead = batch_probe() if planned else NOT_PROBED
@@ -118,23 +129,10 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
     total = _total(planned, per_device, once_s, shared=device != "cpu")
     return {"profile": profile.name, "per_device": per_device, "threads": threads,
             "device": _device(probes), "points": points,
-            "probes": [{"model": k[0], "rows": k[2], "length": k[1], **p}
-                       for k, p in probes.items()],
+            "probes": [{"model": step.model, "rows": step.batch_size, "length": length, **p}
+                       for (step, length, _), p in probes.items()],
             "batch": overhead,
             "total": total, "slurm": slurm_request(planned, probes, once_s)}
-
-
-def between(at, length: float) -> dict:
-    """A probe's numbers at a mean `length`: on the line between the probes `at` its two length
-    classes (kit.cluster.costs.length_classes); memory and bytes the upper class's where the
-    line reaches it."""
-    lower, upper, w = costs.length_classes(length)
-    low = at(lower)
-    if w == 0:
-        return low
-    high = at(upper)
-    return {**high, **{k: low[k] + w * (high[k] - low[k]) for k in ("s_per_step",
-                                                                     "s_per_eval_batch")}}
 
 
 def saved_path(profile: Profile, outputs: Path) -> Path:
@@ -150,48 +148,6 @@ def saved(profile: Profile, outputs: Path) -> dict | None:
         return kio.read_json(saved_path(profile, outputs))
     except (OSError, ValueError):
         return None
-
-
-def _label(cfg: RunConfig) -> str:
-    return f"{cfg.task} {cfg.method} s{cfg.seed}"
-
-
-def _point(cfg: RunConfig, facts: costs.TaskFacts, train: dict, evaluate: dict, probing: dict,
-           tokenizer_bytes: int) -> dict:
-    """A point's cost from the probes (`between`) at its training batches' length, its dev and
-    test rows' and its training rows' (what SSA probes)."""
-    work = costs.work(cfg, facts)
-    # a step's cost is not proportional to its tokens (weights, optimizer): it is taken as probed
-    train_s = work.steps * train["s_per_step"]
-    eval_s = ((work.eval_rows - work.probe_rows) * evaluate["s_per_eval_batch"]
-              + work.probe_rows * probing["s_per_eval_batch"]) / cfg.eval_batch_size
-    # the model built, the rows tokenized; with CUDA graphs each run compiles and records its
-    # own (a kernel's first compilation, as probed: inductor's cache makes later ones shorter)
-    prepare_s = train["build_s"] + facts.tokenize_s + train.get("graph_warmup_s", 0.0)
-    # `last` every epoch and every checkpoint_minutes; `best` each epoch it improves where it is
-    # kept or predicts the test set (counted as every epoch: an upper bound), its share of `last`
-    last_s = train.get("checkpoint_s", 0.0)
-    best_s = last_s * train["model_bytes"] / (train["model_bytes"] + train["optimizer_bytes"])
-    inside = int(train_s // (cfg.checkpoint_minutes * 60)) if cfg.checkpoint_minutes else 0
-    if cfg.checkpoint_steps:
-        inside = max(inside, work.steps // cfg.checkpoint_steps)
-    keeps_best = cfg.save_checkpoints or bool(facts.test_rows)
-    write_s = (work.epochs + inside) * last_s + (work.epochs * best_s if keeps_best else 0.0)
-    seconds = train_s + eval_s + prepare_s + write_s
-    disk = costs.disk(cfg, facts, train["model_bytes"], train["optimizer_bytes"],
-                      tokenizer_bytes)
-    return {"run_id": cfg.run_id, "label": _label(cfg), "model": cfg.model,
-            "train_rows": facts.train_rows, "dev_rows": facts.dev_rows,
-            "test_rows": facts.test_rows, "rows_from": facts.counts, "data": facts.source,
-            "tokens": round(facts.train_length, 1), "epochs": work.epochs,
-            "batch_size": cfg.batch_size, "steps": work.steps, "gamma": cfg.gamma,
-            "extra_examples": work.extra_rows, "eval_rows": work.eval_rows,
-            "seconds": round(seconds, 1), "train_s": round(train_s, 1),
-            "eval_s": round(eval_s, 1), "prepare_s": round(prepare_s, 1),
-            "checkpoint_s": round(write_s, 1),
-            "memory_bytes": max(p["peak_memory_bytes"] for p in (train, evaluate, probing)),
-            "disk_kept_bytes": disk.kept, "disk_peak_bytes": disk.peak,
-            "keeps_checkpoint": cfg.save_checkpoints, "cuda_graphs": train.get("graphs", False)}
 
 
 # K points on one GPU share its kernels' time: what that gains is measured, not modelled
@@ -243,18 +199,17 @@ def slurm_request(points: list[dict], probes: dict, once_s: float = 0.0) -> dict
                             default=0.0)
     seconds = math.ceil(longest * MARGIN + MARGIN_MIN_S)
     gpu = any(p["device"].startswith("cuda") for p in probes.values())
-    memory = max((p["model_bytes"] * 4 if gpu else p["peak_memory_bytes"]
-                  for p in probes.values()), default=0)
-    mem_gb = max(4, math.ceil(memory * MARGIN / costs.GB) + 2)
     return {"tasks": tasks, "time": hms(seconds), "time_s": seconds,
             "longest_task_s": round(longest, 1), "margin": MARGIN_TEXT,
-            "mem": f"{mem_gb}G", "gpus_per_task": 1 if gpu else 0}
+            "mem": costs.task_memory(probes.values(), MARGIN), "gpus_per_task": 1 if gpu else 0}
 
 
-def task_time(result: dict, groups: list[list[str]]) -> tuple[str, float]:
+def task_time(result: dict, groups: list[list[str]], nodes: int = 1) -> tuple[str, float]:
     """(--time, the longest task's predicted seconds) for tasks running `groups` of run ids
-    one after another (a point the plan could not time counts as its profile's slowest)."""
-    seconds = {p["run_id"]: p["seconds"] for p in result["points"] if "seconds" in p}
+    one after another (a point the plan could not time counts as its profile's slowest), each
+    point on `nodes` nodes at once (kit.cluster.costs.seconds_on_nodes)."""
+    seconds = {p["run_id"]: costs.seconds_on_nodes(p, nodes) for p in result["points"]
+               if "seconds" in p}
     slowest = max(seconds.values(), default=0.0)
     longest = result["total"]["once_s"] + max(
         (sum(seconds.get(r, slowest) for r in g) for g in groups), default=0.0)
@@ -270,8 +225,8 @@ def hms(seconds: float) -> str:
 
 
 def size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return ""
@@ -323,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-device", type=int, metavar="K", help="K points at once (default: "
                         "the profile's per_device)")
     parser.add_argument("--budget", type=float, default=3.0, metavar="S",
-                        help="seconds of probing per model x length class (default 3)")
+                        help="seconds of probing per distinct step x length class (default 3)")
     parser.add_argument("--json", action="store_true", help="the plan as JSON")
     parser.add_argument("--outputs", default=str(outputs_root()))
     args = parser.parse_args(argv)

@@ -257,11 +257,14 @@ def test_the_batch_refuses_a_grid_the_disk_cannot_hold(monkeypatch, tmp_path):
 
 
 def test_on_a_gpu_the_plan_probes_the_graphs_its_long_points_will_take(monkeypatch):
-    """cuda_graphs: auto as the run's own loop resolves it (kit.train.accel): a CUDA point of
-    4,200+ steps is probed with graphs and pays their compilation once per run; a shorter one
-    is probed eager. The GPU is pretended: the probe is fake, the resolution real."""
+    """cuda_graphs: auto as the run's own loop resolves it (kit.models.regional_compile): with
+    plain BERT verified, a CUDA point of 4,200+ steps is probed with graphs and pays their
+    compilation once per run; a shorter one is probed eager. The GPU and the table's row are
+    pretended (no GPU run has verified one yet): the probe is fake, the resolution real."""
+    import kit.models.regional_compile as regional
     import kit.train.accel as accel
     monkeypatch.setattr(accel, "machine_device", lambda: "cuda")
+    monkeypatch.setattr(regional, "VERIFIED", (regional.Verified("bert", 1, 1, "pretended"),))
     monkeypatch.setattr(plan, "tokenizer_of", lambda model: __import__(
         "kit.models.backbones", fromlist=["x"]).load_tokenizer("tiny"))
     monkeypatch.setattr(plan, "saved_bytes", lambda tokenizer: 100)
@@ -381,6 +384,7 @@ def test_the_probe_builds_and_trains_the_points_own_model(tmp_path, monkeypatch,
     training = {(maps_out, tokens) for train, maps_out, tokens in calls if train}
     assert training == {(maps, token_head)}                   # the run's loss: maps, SSA labels
     assert point["step_method"] == ("bert" if method == "bert-mask" else method)
+    assert point["label"] == f"synthetic {method}{' ' + guide_loss if maps else ''} s0"
 
 
 def test_points_of_one_step_share_its_probes(tmp_path, tiny_tokenizer):

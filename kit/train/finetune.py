@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from kit.train import loop, run_state
-from kit.train.job import Epoch, Job
+from kit.train.job import Epoch, Job, encode_task, note_truncation
 from kit.train.step import to_predictions
 from kit import methods, runs
 from kit.train import metrics as kmetrics
@@ -26,7 +26,7 @@ from kit.models.backbones import load_backbone
 from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data.csv_data import write_csv_submission
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
-from kit.methods.guiding import guiding_loss
+from kit.methods.guiding import guided, guiding_loss
 from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
 from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask
@@ -56,24 +56,19 @@ class SingleTask(Job):
         self.data = load_task_data(cfg)
         task = self.data.task
         self.tasks = [task]
-        backbone, self.tokenizer = load_backbone(cfg.model, eager_attention=cfg.guide_loss != "task")
-        spec = HeadSpec(num_labels=task.num_labels, method=cfg.method, beta=cfg.beta,
-                        hybrid_weighting=cfg.hybrid_weighting,
-                        attention_threshold=cfg.attention_threshold,
-                        share_weight=cfg.share_weight, max_length=cfg.max_length,
-                        labels=None if task.regression else list(task.labels))
-        self.model = SequenceModel(backbone, spec)
+        backbone, self.tokenizer = load_backbone(cfg.model,
+                                                 eager_attention=guided(cfg.guide_loss))
+        self.model = single_task_model(cfg, backbone, task.num_labels,
+                                       None if task.regression else list(task.labels))
         self.pad_id = self.tokenizer.pad_token_id
         # what its steps read: the special-token mask only for SSA-H's token mix, token types
         # where the encoder takes them (kit.methods.bert.takes_token_types)
         self.inputs = ("input_ids", "attention_mask", "labels", "ssa_labels",
                        *(("token_type_ids",) if self.model.token_types else ()),
                        *(("special_mask",) if methods.get(cfg.method).hybrid else ()))
-        cache = token_cache_dir(cfg.outputs_dir)    # a grid's points tokenize each split once
-        self.train = encode(self.tokenizer, self.data.train, cfg.max_length, task.regression,
-                            cache)
-        self.dev = {name: encode(self.tokenizer, split, cfg.max_length, task.regression, cache)
-                    for name, split in self.data.dev.items()}
+        self.train, self.dev, cuts = encode_task(self.tokenizer, self.data, cfg.max_length,
+                                                 token_cache_dir(cfg.outputs_dir))
+        self.truncation = note_truncation(cuts, cfg.max_length)
         self.has_test = bool(self.data.test)
         self.ssa = SSASettings.from_config(cfg)
         self.planned_steps = planned_steps(cfg.epochs, len(self.train), cfg.batch_size,
@@ -91,10 +86,7 @@ class SingleTask(Job):
         return Epoch([epoch_set], [(0, rows) for rows in batches], stats)
 
     def loss_terms(self, model, batch: dict, task: int) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
-        return loss_terms(model, batch, self.tasks[0].regression, cfg.alpha,
-                          guide_loss=cfg.guide_loss, pd_factor=cfg.pd_factor,
-                          ad_factor=cfg.ad_factor, guide_reduction=cfg.guide_reduction)
+        return run_loss(self.cfg, model, batch, self.tasks[0].regression)
 
     def evaluate(self, predict, unwrapped) -> tuple[dict, dict, dict]:
         task = self.tasks[0]
@@ -131,7 +123,26 @@ class SingleTask(Job):
     def summary(self, progress: run_state.Progress, unwrapped) -> dict:
         best = progress.best
         return {"best_dev": best["dev"], "best_three_subset": best["three_subset"],
-                "last_dev": progress.epochs[-1]["dev"], "data_source": self.data.train.source}
+                "last_dev": progress.epochs[-1]["dev"], "data_source": self.data.train.source,
+                "truncation": self.truncation}
+
+
+def single_task_model(cfg: RunConfig, backbone, num_labels: int,
+                      labels: list[str] | None = None) -> SequenceModel:
+    """The model a single-task run trains: `backbone` (loaded with eager attention where the
+    loss reads its maps: kit.methods.guiding.guided) and the heads of its method's registry row
+    (kit.methods.bert: SSA's token head, SSA-H's token mix). The plan's probe builds it too."""
+    return SequenceModel(backbone, HeadSpec(
+        num_labels=num_labels, method=cfg.method, beta=cfg.beta,
+        hybrid_weighting=cfg.hybrid_weighting, attention_threshold=cfg.attention_threshold,
+        share_weight=cfg.share_weight, max_length=cfg.max_length, labels=labels))
+
+
+def run_loss(cfg: RunConfig, model, batch: dict, regression: bool) -> dict[str, torch.Tensor]:
+    """A single-task run's loss terms with its config's weights (`loss_terms`)."""
+    return loss_terms(model, batch, regression, cfg.alpha, guide_loss=cfg.guide_loss,
+                      pd_factor=cfg.pd_factor, ad_factor=cfg.ad_factor,
+                      guide_reduction=cfg.guide_reduction)
 
 
 def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss: str = "task",
@@ -140,10 +151,10 @@ def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss
     """The training loss and its parts (for history.csv). SSA: alpha * L_target +
     (1 - alpha) * L_SSA; attention guiding (kit.methods.guiding, `guide_loss` other than "task")
     adds pd_factor * L_PD + ad_factor * L_MD on top."""
-    guided = guide_loss != "task"
+    maps = guided(guide_loss)
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 special_mask=batch.get("special_mask"), token_type_ids=batch.get("token_type_ids"),
-                output_attentions=guided)
+                output_attentions=maps)
     l_target = target_loss(out["logits"], batch["labels"], regression, batch.get("weight"))
     terms = {"loss": l_target}
     if out["token_logits"] is not None:
@@ -151,7 +162,7 @@ def loss_terms(model, batch: dict, regression: bool, alpha: float, *, guide_loss
             else out["token_logits"].sum() * 0.0
         terms = {"loss": alpha * l_target + (1 - alpha) * l_ssa,
                  "loss_target": l_target, "loss_ssa": l_ssa}
-    if guided:
+    if maps:
         aux, parts = guiding_loss(out["attentions"], batch["attention_mask"], guide_loss,
                                   pd_factor, ad_factor, guide_reduction,
                                   weight=batch.get("weight"))

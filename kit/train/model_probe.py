@@ -1,5 +1,6 @@
-"""The plan's probe (kit.plan): a profile's own model, built from its config with random weights,
-trained and evaluated for a few seconds at a point's shapes on this machine's device - its
+"""The plan's probe (kit.plan): a point's own model, built as its run builds it (its method's
+heads, eager attention with maps where a guide loss reads them) with random weights, trained
+with its run's loss and evaluated for a few seconds at its shapes on this machine's device - its
 s/step, s per evaluation batch, peak memory, checkpoint bytes and write time. The step is the
 doctor's (kit.train.speed_probe.stepper: the loop's own train_step)."""
 from __future__ import annotations
@@ -9,26 +10,53 @@ import time
 
 import torch
 
+from kit import methods
+from kit.config.run_config import RunConfig
+from kit.methods.guiding import guided
+from kit.train.finetune import run_loss, single_task_model
 from kit.train.speed_probe import random_batch, stepper, sync_device, time_steps
 
+# what of a point changes the step the probe times (with its method's family, `step_config`);
+# the rest stays at its default, so points that differ elsewhere (seed, lr, epochs, gamma ...)
+# share one probe
+STEP_FIELDS = ("model", "batch_size", "eval_batch_size", "freeze_layers", "mixed_precision",
+               "guide_loss", "guide_reduction", "share_weight", "max_length")
 
-def random_model(name: str, num_labels: int = 2):
-    """(SequenceModel, tokenizer) of a model name with random weights, built from its config
-    alone (AutoConfig + from_config): timing and memory need the shapes, not the weights, so a
-    hub model needs only its config and tokenizer in the local cache."""
+
+def step_config(cfg: RunConfig) -> RunConfig:
+    """The point's step: its STEP_FIELDS, and its method by the model it trains (the registry's
+    first method with the same heads: BERT-mask trains BERT's model, SSA-H adds a token mix to
+    SSA-Co's)."""
+    kind = methods.get(cfg.method)
+    family = methods.names(token_head=kind.token_head, hybrid=kind.hybrid,
+                           multitask=kind.multitask, pretrain=kind.pretrain)[0]
+    return RunConfig.from_dict({**{k: getattr(cfg, k) for k in STEP_FIELDS}, "method": family})
+
+
+def random_encoder(name: str, eager_attention: bool = False):
+    """(encoder, tokenizer) of a model name with random weights, built from its config alone
+    (AutoConfig + from_config): timing and memory need the shapes, not the weights, so a hub
+    model needs only its config and tokenizer in the local cache. `eager_attention`: as
+    kit.models.backbones.load_backbone."""
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging
     from kit.data.hub import hub_unreachable
-    from kit.methods.bert import HeadSpec, SequenceModel
-    from kit.models.backbones import TINY, is_hub_id, load_backbone, load_tokenizer, model_path
+    from kit.models.backbones import (TINY, attn_implementation, is_hub_id, load_backbone,
+                                      load_tokenizer, model_path)
     logging.disable_progress_bar()
     if name == TINY:
-        encoder, tokenizer = load_backbone(TINY)
-    else:
-        offline = is_hub_id(name) and hub_unreachable() is not None
-        config = AutoConfig.from_pretrained(model_path(name), local_files_only=offline)
-        encoder, tokenizer = AutoModel.from_config(config), load_tokenizer(name, offline)
-    return SequenceModel(encoder, HeadSpec(num_labels=num_labels)).train(), tokenizer
+        return load_backbone(TINY, eager_attention)
+    offline = is_hub_id(name) and hub_unreachable() is not None
+    config = AutoConfig.from_pretrained(model_path(name), local_files_only=offline)
+    return (AutoModel.from_config(config, attn_implementation=attn_implementation(eager_attention)),
+            load_tokenizer(name, offline))
+
+
+def build_model(cfg: RunConfig):
+    """(model, tokenizer): the point's model as its run builds it
+    (kit.train.finetune.single_task_model), on a `random_encoder`."""
+    encoder, tokenizer = random_encoder(cfg.model, guided(cfg.guide_loss))
+    return single_task_model(cfg, encoder, num_labels=2).train(), tokenizer
 
 
 class PeakRss:
@@ -79,42 +107,48 @@ def state_bytes(state) -> int:
     return 0
 
 
-def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers: int = 0,
-                precision: str = "auto", budget_s: float = 3.0, threads: int | None = None,
+def model_probe(cfg: RunConfig, length: int, budget_s: float = 3.0, threads: int | None = None,
                 graphs: bool = False) -> dict:
-    """A profile's model (`random_model`) trained for ~budget_s at [rows x length] tokens with
-    the loop's own step, optimizer groups and precision, then evaluated (no gradients) at
-    [eval_rows x length]: s/step, s per evaluation batch, the peak device memory (CUDA:
-    max_memory_allocated; CPU: the process's RSS growth) and the byte sizes a run's checkpoint
-    holds (model; optimizer state after the steps) and `checkpoint_s`, the seconds to write
-    them (accelerate's save_state). `graphs`: the encoder captured as a run's `cuda_graphs`
-    does (kit.models.regional_compile), compiling and recording timed (`graph_warmup_s`)."""
+    """A point's model (`build_model` of its `step_config`) trained for ~budget_s at
+    [batch_size x length] tokens with the loop's own step, its run's loss, optimizer groups and
+    precision, then evaluated (no gradients) at [eval_batch_size x length]: s/step, s per
+    evaluation batch, the peak device memory (CUDA: max_memory_allocated; CPU: the process's
+    RSS growth) and the byte sizes a run's checkpoint holds (model; optimizer state after the
+    steps) and `checkpoint_s`, the seconds to write them (accelerate's save_state). `graphs`:
+    the encoder captured as a run's `cuda_graphs` does (kit.models.regional_compile), compiling
+    and recording timed (`graph_warmup_s`)."""
     from kit.models.regional_compile import capture_graphs
+    from kit.models.transformers_adapter import attn_implementation
     from kit.train.accel import make_accelerator
     from kit.train.optim import merged_groups, parameter_groups
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        accelerator = make_accelerator(precision)
+        accelerator = make_accelerator(cfg.mixed_precision)
         device = accelerator.device
         cuda = device.type == "cuda"
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        random_model(name)          # once untimed: a kernel imports the model's code once
+        build_model(cfg)            # once untimed: a kernel imports the model's code once
         built = time.perf_counter()
-        model, tokenizer = random_model(name)
+        model, tokenizer = build_model(cfg)
         built = time.perf_counter() - built
         # CPU: the weights count once, then what training adds (gradients, optimizer, activations)
         weights = state_bytes(model.state_dict())
         rss = None if cuda else PeakRss()
         optimizer = torch.optim.AdamW(merged_groups(parameter_groups(
-            model, 1e-5, 0.01, 1.0, freeze_layers)), lr=1e-5, fused=device.type in ("cpu", "cuda"))
+            model, 1e-5, 0.01, 1.0, cfg.freeze_layers)), lr=1e-5,
+            fused=device.type in ("cpu", "cuda"))
         model, optimizer = accelerator.prepare(model, optimizer)
         vocab = min(tokenizer.vocab_size, 20000)
-        step = stepper(accelerator, model, optimizer, random_batch(rows, length, vocab, device))
-        evaluate = random_batch(eval_rows, length, vocab, device)
+        batch = random_batch(cfg.batch_size, length, vocab, device)
+        if accelerator.unwrap_model(model).token_head is not None:   # SSA's loss on its labels
+            batch["ssa_labels"] = torch.randint(0, 2, (cfg.batch_size, length), device=device)
+        step = stepper(accelerator, model, optimizer, batch,
+                       lambda model, inputs: run_loss(cfg, model, inputs, regression=False))
+        evaluate = random_batch(cfg.eval_batch_size, length, vocab, device)
 
         def forward(_full: bool):
             with torch.no_grad():
@@ -147,6 +181,8 @@ def model_probe(name: str, rows: int, length: int, eval_rows: int, freeze_layers
                 "parameters": sum(p.numel() for p in unwrapped.parameters()),
                 "model_bytes": state_bytes(unwrapped.state_dict()),
                 "optimizer_bytes": state_bytes(optimizer.state_dict()["state"]),
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(), "method": cfg.method,
+                "guide_loss": cfg.guide_loss,
+                "attention": attn_implementation(unwrapped.backbone.config)}
     finally:
         torch.set_num_threads(before)

@@ -184,17 +184,18 @@ def prediction_line(seconds: float, s_per_step: float, calibration: dict = CALIB
     return f"expected ~{seconds / 60:.1f} min (calibrated on a {' and a '.join(machines)}; {why})"
 
 
-def stepper(accelerator, model, optimizer, batch: dict):
-    """step(full): one step of the loop's own train_step (the single-task loss, backward,
-    clipping, the optimizer) on `batch`, or on its first WARMUP_ROWS rows when not `full` (a
-    cheap warm-up), the device synchronized after it (the doctor's and the plan's probes)."""
+def stepper(accelerator, model, optimizer, batch: dict, loss=None):
+    """step(full): one step of the loop's own train_step (`loss(model, inputs)`, by default the
+    plain single-task loss; backward, clipping, the optimizer) on `batch`, or on its first
+    WARMUP_ROWS rows when not `full` (a cheap warm-up), the device synchronized after it (the
+    doctor's and the plan's probes)."""
     from kit.train.finetune import loss_terms
     from kit.train.step import train_step
+    loss = loss or (lambda model, inputs: loss_terms(model, inputs, regression=False, alpha=1.0))
 
     def step(full: bool):
         inputs = {k: v if full else v[:WARMUP_ROWS] for k, v in batch.items()}
-        train_step(accelerator, model, optimizer,
-                   lambda: loss_terms(model, inputs, regression=False, alpha=1.0), 1.0)
+        train_step(accelerator, model, optimizer, lambda: loss(model, inputs), 1.0)
         sync_device(accelerator.device)
     return step
 
