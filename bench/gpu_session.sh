@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine lent for a few minutes, in the order that matters (docs/gpu.md):
 #   1. the kit's missing dependencies from carried wheels (WHEELS=folder; none: skipped);
-#   2. the CUDA-relevant tests, every failure's name and reason written as it comes (tests.log);
+#   2. the CUDA-relevant tests (tests.log), each failure's test id and traceback appended to
+#      failures.txt as it fails (bench/failure_log.py), a test cut at TEST_S when pytest-timeout
+#      is installed;
 #   3. bench/gpu.sh with what has not been measured yet (CONTENDERS, GRID_K; OLD_KIT=folder of
 #      the project at a274152 adds kit-old);
 #   4. ./run_all.sh plan paper-base (plan.json, plan.txt), HF_HOME holding bert-base-uncased's
@@ -31,12 +33,18 @@ torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() el
 TESTS="tests/test_sync_free.py tests/test_precision.py tests/test_preemption.py
        tests/test_per_device.py tests/test_cuda_graphs.py"
 [ -n "$SMOKE" ] && TESTS="tests/test_cuda_graphs.py"
-# -vv (the project adds -q) -rfE: each outcome on its line as it comes and every failure's
-# reason in the summary (a run cut by its cap never prints a summary)
-timeout -k 5 "${TESTS_S:-150}" "$PY" -m pytest -p no:cacheprovider -vv -rfE --tb=line \
+# -o addopts= drops the project's -q (which cancels -vv): each outcome on its line as it comes;
+# -rfE every failure's reason in the summary, which SIGINT at the cap still prints (SIGKILL
+# 30 s later); failures.txt has them from the moment each test fails, with the traceback
+# --tb sets (line: the error alone)
+PER_TEST=()
+"$PY" -c "import pytest_timeout" 2>/dev/null && PER_TEST=(--timeout "${TEST_S:-120}")
+timeout -s INT -k 30 "${TESTS_S:-150}" "$PY" -m pytest -o addopts= -p no:cacheprovider \
+  -p bench.failure_log --failure-log "$OUT/failures.txt" "${PER_TEST[@]}" -vv -rfE --tb=short \
   -n "${WORKERS:-8}" $TESTS > "$OUT/tests.log" 2>&1
 say "tests exit $?: $(grep -cE ' PASSED' "$OUT/tests.log") passed, $(grep -cE ' FAILED| ERROR' "$OUT/tests.log") failed"
 grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | cut -c1-300 | tee -a "$OUT/session.log"
+[ -s "$OUT/failures.txt" ] && say "tracebacks: $OUT/failures.txt"
 
 BENCH=(--contenders "${CONTENDERS:-kit,kit-graphs,trainer-grouped,trainer-compiled}"
        --grid-k "${GRID_K:-1,4}" --rounds 1 --budget-s "${BUDGET_S:-200}")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from kit.config.run_config import RunConfig
 from kit.runs import read_saved_epoch, run_dir_of
@@ -30,9 +31,14 @@ MLM = dict(task="CoLA", method="mlm", model="tiny", max_train_examples=64, max_l
 DEV_TOLERANCE = 0.15       # accuracy points of a 40-row dev set, tiny random model
 
 
+# each rank trains on the GPU of its local rank (cuda:1 for rank 1) where torch sees CUDA, else
+# in a CPU process (gloo): on one GPU, two ranks cannot run
+TWO_RANKS = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() < 2,
+                               reason="2 ranks on CUDA need 2 GPUs (rank 1 takes cuda:1); "
+                                      "this machine has 1")
 # the in-process reference runs with the ranks' thread count (OMP_NUM_THREADS=1 in ENV): float
 # sums, and so a near-tied prediction, depend on it
-pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
+pytestmark = [pytest.mark.usefixtures("one_thread"), TWO_RANKS]      # conftest.py
 
 
 def torchrun(cfg: RunConfig, tmp_path: Path, n: int = 2, wait: bool = True):

@@ -226,19 +226,23 @@ def test_a_checkpoint_of_other_hardware_is_refused_in_one_line(tmp_path, monkeyp
     last = checkpoint_dir(run_dir_of(cfg)) / "last"
     written_on = json.loads((last / "progress.json").read_text())["written_on"]
     here = accel.machine_precision("auto")
-    assert written_on == {"precision": here, "device": "cpu", "processes": 1}
-    here_name, other, other_name = OTHER_PRECISION[here]
+    # on a GPU the record also names it (gpu, gpus): the lines below take it from describe()
+    assert {k: written_on[k] for k in ("precision", "device", "processes")} == {
+        "precision": here, "device": accel.machine_device(), "processes": 1}
+    here_line = khw.describe(written_on)              # "fp32 on cpu x1" on this CPU
+    other = OTHER_PRECISION[here][1]
     rewrite_progress(cfg, precision=other)
     with pytest.raises(CheckpointError) as err:
         fit(cfg)
     assert str(err.value) == (
-        f"{last} was written with {other_name} on cpu x1; this run has {here_name} on cpu x1 "
-        "(mixed_precision auto resolves per machine): resume it on hardware like that, set "
-        "resume_on_other_hardware: true to resume anyway (not bit-exact), or delete that folder "
-        "to restart the run from scratch")
+        f"{last} was written with {khw.describe({**written_on, 'precision': other})}; this run "
+        f"has {here_line} (mixed_precision auto resolves per machine): resume it on hardware like "
+        "that, set resume_on_other_hardware: true to resume anyway (not bit-exact), or delete "
+        "that folder to restart the run from scratch")
     rewrite_progress(cfg, precision=here, device="cuda", processes=4)
-    with pytest.raises(CheckpointError, match=rf"was written with {here_name} on cuda x4; this run "
-                                              rf"has {here_name} on cpu x1: resume it on hardware "
+    four = re.escape(khw.describe({**written_on, "device": "cuda", "processes": 4}))
+    with pytest.raises(CheckpointError, match=rf"was written with {four}; this run has "
+                                              rf"{re.escape(here_line)}: resume it on hardware "
                                               r"like that \(--processes 4\), set resume_on_other_"):
         fit(cfg)
 
@@ -251,14 +255,15 @@ def test_resume_on_other_hardware_goes_on_and_notes_it(tmp_path, monkeypatch, co
     straight = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "straight")))
     cfg = killed_after_epoch_0(tmp_path, monkeypatch)
     last = rewrite_progress(cfg, processes=2)
+    written_on = json.loads((last / "progress.json").read_text())["written_on"]
     model = last / "model.safetensors"
     save_file({f"module.{k}": v for k, v in load_file(model).items()}, model)
     (last / "random_states_1.pkl").write_bytes((last / "random_states_0.pkl").read_bytes())
     resumed = fit(RunConfig(**TINY, outputs_dir=str(tmp_path / "killed"),
                             resume_on_other_hardware=True))
-    here = OTHER_PRECISION[accel.machine_precision("auto")][0]
+    here = khw.describe({**written_on, "processes": 1})    # "fp32 on cpu x1" on this CPU
     assert resumed["resumed_on_other_hardware"] == [
-        f"{last} was written with {here} on cpu x2; this run has {here} on cpu x1: resumed there "
+        f"{last} was written with {khw.describe(written_on)}; this run has {here}: resumed there "
         "(resume_on_other_hardware), not bit for bit"]
     assert read_metrics(run_dir_of(cfg))["resumed_on_other_hardware"] == \
         resumed["resumed_on_other_hardware"]

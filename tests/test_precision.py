@@ -21,7 +21,8 @@ from kit.models.backbones import load_backbone
 from kit.config.run_config import RunConfig
 from kit.data.pipeline import encode, load_task_data
 from kit.data.tensors import collate
-from kit.train.step import predict_logits as _predict_logits
+from kit.train.checkpoint_hardware import describe
+from kit.train.step import predict_logits as _predict_logits, to_device
 from kit.methods.bert import HeadSpec, SequenceModel
 from kit.train.finetune import fit
 from kit.runs import run_dir_of
@@ -227,7 +228,9 @@ def _tiny_setup(precision: str):
     examples = encode(tokenizer, data.train, cfg.max_length, regression=False)
     examples = examples.with_ssa_labels([np.where(s, -100, i % 2) for i, s in
                                          enumerate(examples.special)])
-    batch = collate(examples, list(range(8)), tokenizer.pad_token_id)
+    # on the device prepare() moved the model to, as the loop's batches are
+    batch = to_device(collate(examples, list(range(8)), tokenizer.pad_token_id),
+                      accelerator.device)
     seen = []
     model.classifier.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     return cfg, model, optimizer, accelerator, examples, batch, tokenizer.pad_token_id, seen
@@ -393,13 +396,17 @@ def test_a_checkpoint_across_the_fp16_scaler_is_refused_in_one_line(tmp_path, mo
     fit(cfg)
     last = run_dir_of(cfg) / "checkpoint" / "last"
     assert (last / "scaler.pt").exists() is (wrote == "fp16")
+    # this machine's record (`fp16 on cpu x1`, or on cuda with the GPU's name): the hardware
+    # differs in precision only
+    written = json.loads((last / "progress.json").read_text())["written_on"]
+    assert describe(written).startswith(f"{wrote} on {machine_device()} x1")
     (run_dir_of(cfg) / "metrics.json").unlink()      # as if killed after the checkpoint
     monkeypatch.setattr(accel, "machine_precision", lambda requested: resumes)
     with pytest.raises(run_state.CheckpointError) as err:
         fit(cfg)
-    name = {"no": "fp32"}
     assert str(err.value) == (
-        f"{last} was written with {name.get(wrote, wrote)} on cpu x1; this run has "
-        f"{name.get(resumes, resumes)} on cpu x1 (mixed_precision auto resolves per machine): "
+        f"{last} was written with {describe(written)}; this run has "
+        f"{describe({**written, 'precision': resumes})} "
+        "(mixed_precision auto resolves per machine): "
         "resume it on hardware like that, set resume_on_other_hardware: true to resume anyway "
         "(not bit-exact), or delete that folder to restart the run from scratch")

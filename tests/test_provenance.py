@@ -13,6 +13,7 @@ import torch
 from kit import batch, runs
 from kit.config import paths
 from kit.train import provenance
+from kit.train.accel import machine_device
 from kit.results.frame import collect
 from kit.results.tables import table_sets, writers
 from kit.results.report import profile_outputs
@@ -88,7 +89,8 @@ def test_a_finished_run_records_where_it_was_made(tmp_path):
     fit(cfg)
     env = json.loads((run_dir_of(cfg) / "metrics.json").read_text())["environment"]
     assert set(env) == FIELDS and set(env["cpu"]) == CPU_FIELDS
-    assert env["processes"] == 1 and env["gpu"] is None and env["threads"] >= 1
+    assert env["processes"] == 1 and env["gpu"] == provenance.gpu_info() and env["threads"] >= 1
+    assert (env["gpu"] is None) is (machine_device() == "cpu")          # None on this CPU
     assert env["torch"] == provenance.versions()["torch"]
     assert env["cpu"]["cpu_class"] == provenance.cpu_info()["cpu_class"]
 

@@ -17,7 +17,6 @@ from kit.config.run_config import RunConfig
 from kit.train.finetune import fit
 from kit.train.checkpoint_hardware import CheckpointError
 from kit.runs import RunLocked, run_dir_of
-from kit.train.accel import machine_precision
 from kit.train.checkpoint_hardware import describe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,11 +135,13 @@ def test_a_checkpoint_of_another_process_count_is_refused_with_the_count(tmp_pat
     last = run / "checkpoint" / "last"
     (last / "random_states_1.pkl").write_bytes((last / "random_states_0.pkl").read_bytes())
     state = json.loads((last / "progress.json").read_text())
-    del state["written_on"]
+    here = state.pop("written_on")        # this machine's record: "fp32 on cpu x1" on this CPU
     (last / "progress.json").write_text(json.dumps(state))
-    here = describe({"precision": machine_precision(cfg.mixed_precision), "device": "cpu",
-                     "processes": 1})   # "fp32 on cpu x1", or bf16 where `auto` picks it
-    with pytest.raises(CheckpointError, match=rf"written with {here[:-1]}2; this run has {here}: "
-                                              r"resume it on hardware like that "
-                                              r"\(--processes 2\)"):
+    # the older checkpoint's record, as its files tell: 2 processes, no GPU name (on a GPU, the
+    # count its RNG file holds)
+    then = describe({"precision": here["precision"], "device": here["device"], "processes": 2,
+                     **{k: here[k] for k in ("gpus",) if k in here}})
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"written with {then}; this run has {describe(here)}: resume it on hardware like "
+            "that (--processes 2)")):
         fit(cfg)
