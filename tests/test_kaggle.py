@@ -3,14 +3,18 @@ validation, a tiny k-fold fit, the per-fold / out-of-fold report, the kaggle not
 papermill and the shipped profiles (kaggle-stsb, guiding-rte)."""
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import nbformat
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from kit import batch
+from kit.config.notebook_cells import assignments
+from kit.config.profiles import read_spec
 from kit.results.frame import collect
 from kit.results.tables import fold_tables, table_sets, writers
 from kit.config.run_config import ConfigError, RunConfig
@@ -152,6 +156,50 @@ def test_tiny_fit_on_one_fold_of_the_csv_fixture(tmp_path):
     assert len(oof) == 40 and (oof["fold"] == 0).all()
     assert fold_tables.fold_run_dirs(cfg)[0] == run_dir_of(cfg)
 
+
+
+def long_and_short_csv(tmp_path) -> Path:
+    """40 rows of "good" (one word-piece: n words are n + 2 tokens) in folds i % 2: rows 0, 5,
+    .., 35 are 20 + i words long, the rest 5 words."""
+    words = [20 + i if i % 5 == 0 else 5 for i in range(40)]
+    path = tmp_path / "long.csv"
+    pd.DataFrame({"text": [" ".join(["good"] * n) for n in words],
+                  "target": [float(i % 3) for i in range(40)],
+                  "fold": [i % 2 for i in range(40)]}).to_csv(path, index=False)
+    return path
+
+
+def test_a_run_warns_once_with_the_share_of_rows_max_length_cut(tmp_path, monkeypatch, capsys):
+    """Fold 0 validates: dev is the even rows (long: 0, 10, 20, 30; the longest 30 + 22 = 52
+    tokens), train the odd ones (5, 15, 25, 35; 57 tokens). One line, also when the next run
+    reads the splits from the token cache; none when max_length cuts nothing."""
+    from kit.data import token_cache
+    from kit.train.finetune import fit
+    monkeypatch.setenv("SSA_KIT_PROGRESS", "lines")
+    cfg = RunConfig(task="csv", csv_path=str(long_and_short_csv(tmp_path)),
+                    csv_text_columns=("text",), csv_target="target", csv_fold_column="fold",
+                    n_folds=2, fold=0, model="tiny", epochs=1, batch_size=8, max_length=16,
+                    save_checkpoints=False, outputs_dir=str(tmp_path / "outputs"))
+
+    def warnings_of(c: RunConfig) -> tuple[list[str], dict]:
+        capsys.readouterr()
+        metrics = fit(c)
+        assert metrics["status"] == "ok"
+        err = capsys.readouterr().err.splitlines()
+        return [line for line in err if line.startswith("warning:")], metrics.get("truncation")
+
+    lines, counts = warnings_of(cfg)
+    assert lines == ["warning: train: 4 of 20 rows (20.0%), dev: 4 of 20 rows (20.0%) truncated "
+                     "to max_length 16 (longest 57 tokens)"]
+    assert counts == {"train": {"rows": 20, "truncated": 4, "longest": 57},
+                      "dev": {"rows": 20, "truncated": 4, "longest": 52}}
+    monkeypatch.setattr(token_cache, "tokenize", lambda *a: pytest.fail("tokenized again"))
+    assert warnings_of(dataclasses.replace(cfg, seed=1)) == (lines, counts)
+    monkeypatch.undo()
+    monkeypatch.setenv("SSA_KIT_PROGRESS", "lines")
+    lines, counts = warnings_of(dataclasses.replace(cfg, max_length=64))
+    assert lines == [] and counts == {"train": {"rows": 20, "truncated": 0, "longest": 57},
+                                      "dev": {"rows": 20, "truncated": 0, "longest": 52}}
 
 # ---------------------------------------------------------------- report on hand-made runs
 
@@ -370,6 +418,49 @@ def test_shipped_kaggle_and_guiding_profiles():
     grid = {(p["guide_loss"], p["seed"]) for p in guiding.points}
     assert grid == {(g, s) for g in ("task", "task+both") for s in (0, 1, 2)}
     assert all(p["task"] == "RTE" and p["model"] == "minilm" for p in guiding.points)
+
+
+def notebook_cell() -> dict:
+    """The RunConfig fields the notebook's parameters cell sets, and their values (all_folds,
+    the notebook's own name, left out)."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return {k: v for k, v in assignments(cell.source, {}).items() if k != "all_folds"}
+
+
+# the batch sets outputs_dir (--outputs); every other parameter of the cell is a profile's to set
+BATCH_SETS = {"outputs_dir"}
+
+
+def test_the_kaggle_pages_profile_is_the_notebooks_five_fold_runs(tmp_path):
+    """docs/kaggle.md: its profile is "the same five runs" as its notebook cell with
+    `all_folds = True`. The notebook's runs are its parameters cell with the page's values
+    over it, one per fold (the notebook's `dataclasses.replace(config, fold=f)`); the profile's
+    are its points. A parameter the template leaves out takes RunConfig's default (batch_size
+    32, layer_decay 1.0) where the notebook's cell has its own (16, 0.9): other run ids."""
+    page = (REPO / "docs" / "kaggle.md").read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", page, re.S)
+    cell = next(b for lang, b in blocks if lang == "python" and "all_folds = True" in b)
+    template = next(b for lang, b in blocks if lang == "yaml" and "notebook: kaggle_csv" in b)
+    params = {**notebook_cell(), **assignments(cell, {})}
+    params.pop("all_folds")
+    config = RunConfig.from_dict(params)
+    notebook_ids = [dataclasses.replace(config, fold=f).run_id for f in range(config.n_folds)]
+    (tmp_path / "my-task.yaml").write_text(template)
+    profile = batch.load_profile(str(tmp_path / "my-task.yaml"))
+    assert [RunConfig.from_dict(p).run_id for p in profile.points] == notebook_ids
+    assert set(notebook_cell()) - BATCH_SETS <= set(yaml.safe_load(template)["grid"])
+
+
+def test_the_kaggle_profile_sets_every_parameter_of_the_notebooks_cell():
+    """params/kaggle-stsb.yaml says so: the notebook's cell set to a point's values gives that
+    point's run id (a parameter the profile left out would keep the cell's value there, the
+    test file stsb_test_30.csv say, and RunConfig's default in the batch)."""
+    cell = notebook_cell()
+    profile = batch.load_profile("kaggle-stsb")
+    assert ([RunConfig.from_dict({**cell, **point}).run_id for point in profile.points]
+            == [RunConfig.from_dict(point).run_id for point in profile.points])
+    assert set(cell) - BATCH_SETS <= set(read_spec(profile.path)["grid"])
 
 
 # ---------------------------------------------------------------- test file -> submission.csv

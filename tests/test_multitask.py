@@ -245,6 +245,10 @@ def test_fit_multitask_end_to_end(tmp_path):
     names = ["synthetic", "synthetic-pair"]
     assert len(m["epochs"]) == 2 and m["task_sizes"] == {n: 64 for n in names}
     assert m["steps_per_epoch"] == 8                               # 128 rows / 16
+    # max_length 128 cuts none of the synthetic rows: counted per task and split, no warning
+    assert {k: (v["rows"], v["truncated"]) for k, v in m["truncation"].items()} == {
+        "synthetic train": (64, 0), "synthetic dev": (16, 0),
+        "synthetic-pair train": (64, 0), "synthetic-pair dev": (16, 0)}
     for e in m["epochs"]:
         assert set(e["dev"]) == {*names, "score"}
         assert e["dev"]["score"] == pytest.approx(np.mean([e["dev"][n]["score"] for n in names]))

@@ -3,16 +3,20 @@
 the `Epoch` of training work a job draws."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from kit.data.pipeline import Examples
+from kit.config.tasks import TaskData
+from kit.data.pipeline import Examples, encode_counted
+from kit.data.token_cache import Truncation, truncation_line
 from kit.models.model_io import save_model
 from kit.train import run_state
+from kit.train.accel import process_state
+from kit.train.progress import note
 
 
 @dataclass
@@ -86,3 +90,25 @@ class Job:
     def summary(self, progress: run_state.Progress, unwrapped) -> dict:
         """best_dev, best_three_subset, last_dev and the job's own result fields."""
         raise NotImplementedError
+
+
+def encode_task(tokenizer, data: TaskData, max_length: int, cache_dir: Path
+                ) -> tuple[Examples, dict[str, Examples], dict[str, Truncation]]:
+    """A task's train and dev splits tokenized (kit.data.pipeline.encode; `cache_dir`: a grid's
+    points tokenize each split once), and how many rows of each max_length cut, by split name."""
+    encoded = {name: encode_counted(tokenizer, split, max_length, data.task.regression, cache_dir)
+               for name, split in {"train": data.train, **data.dev}.items()}
+    cuts = {name: cut for name, (_, cut) in encoded.items()}
+    train = encoded.pop("train")[0]
+    return train, {name: examples for name, (examples, _) in encoded.items()}, cuts
+
+
+def note_truncation(cuts: dict[str, Truncation], max_length: int) -> dict[str, dict]:
+    """One warning line (kit.train.progress.note, from the main process) when max_length cut
+    rows of the run's splits, named as in `cuts` (kit.data.token_cache.truncation_line): a
+    CommonLit excerpt (~250 word-pieces) loses half its text at 128. Returns the counts as
+    metrics.json keeps them (`truncation`)."""
+    line = truncation_line(cuts, max_length)
+    if line and process_state().is_main_process:
+        note(f"warning: {line}")
+    return {name: asdict(cut) for name, cut in cuts.items()}

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from kit.train import loop, run_state
-from kit.train.job import Epoch, Job
+from kit.train.job import Epoch, Job, encode_task, note_truncation
 from kit.train.step import to_predictions
 from kit import methods, runs
 from kit.train import metrics as kmetrics
@@ -156,11 +156,12 @@ class MultiTask(Job):
                              adapter_rank=cfg.adapter_rank)
         self.model = MultiTaskModel(backbone, spec)
         self.pad_id = self.tokenizer.pad_token_id
-        cache = token_cache_dir(cfg.outputs_dir)    # a grid's points tokenize each split once
-        self.train = [encode(self.tokenizer, d.train, cfg.max_length, t.regression, cache)
-                      for d, t in zip(self.data, self.tasks)]
-        self.dev = [{name: encode(self.tokenizer, split, cfg.max_length, t.regression, cache)
-                     for name, split in d.dev.items()} for d, t in zip(self.data, self.tasks)]
+        parts = [encode_task(self.tokenizer, d, cfg.max_length, token_cache_dir(cfg.outputs_dir))
+                 for d in self.data]
+        self.train, self.dev = [p[0] for p in parts], [p[1] for p in parts]
+        cuts = {f"{name} {split}": cut for name, p in zip(self.names, parts)
+                for split, cut in p[2].items()}
+        self.truncation = note_truncation(cuts, cfg.max_length)
         self.has_test = cfg.predict_test and any(d.test for d in self.data)
         self.mixer = TaskMixer([x.lengths for x in self.train], cfg.batch_size, cfg.sampling,
                                cfg.epochs, cfg.seed, cfg.steps_per_epoch, cfg.group_by_length)
@@ -238,6 +239,7 @@ class MultiTask(Job):
                     "mean": float(np.mean([s["mean"] for s in best_three.values()])),
                     "std": float(np.mean([s["std"] for s in best_three.values()]))},
                 "last_dev": flat_dev(last["dev"]), "selection": SELECTION,
+                "truncation": self.truncation,
                 "task_sizes": dict(zip(self.names, self.mixer.sizes)),
                 "steps_per_epoch": self.mixer.n_batches,
                 "adapter_rank": (unwrapped.spec.adapter_rank
