@@ -2,6 +2,7 @@
 adapted model) whose source did not finish ok is blocked - a line, a failed record naming its
 source, exit 1 - serially and K at once; and reuse_labels_from without labels is an error, in
 the pre-flight (no such folder) and in the run (no labels for an epoch), never a probe."""
+import contextlib
 import json
 
 import numpy as np
@@ -13,9 +14,12 @@ from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
 from kit.methods.epochs import build_epoch
 from kit.runs import read_metrics, run_dir_of
+from kit.train.finetune import fit
+from kit.train.window import NonFiniteLoss
 from kit.train.preflight import preflight
 
 from tests.test_ssa import MASK, make_examples, never, settings
+from tests.test_train import poison_last_epoch
 
 POINT = {"task": "synthetic", "model": "tiny", "synthetic_size": 32, "epochs": 1}
 
@@ -106,3 +110,88 @@ def test_a_batch_with_a_failed_source_says_blocked_and_exits_1(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert ": blocked (source task=synthetic method=ssa-h seed=0 model=tiny failed) " in out
     assert "1 ok, 0 skipped, 1 failed, 1 blocked (a source failed), 0 absent" in out
+
+
+# a source with SSA labels for epoch 1 (ssa_start_epoch), saved before its last epoch trains
+LABELLED = {**POINT, "epochs": 2}
+
+
+def source_and_reader(tmp_path) -> tuple[dict, dict]:
+    """An ssa-h point saving its labels and an ssa-co point replaying them (by its run folder)."""
+    source = {**LABELLED, "method": "ssa-h", "save_labels": True}
+    folder = run_dir_of(RunConfig.from_dict({**source, "outputs_dir": str(tmp_path)}))
+    return source, {**LABELLED, "method": "ssa-co", "reuse_labels_from": str(folder)}
+
+
+@pytest.mark.parametrize("source_run", ["failed", "ok", "absent"])
+def test_only_the_reader_blocks_on_a_source_outside_the_batch(tmp_path, monkeypatch, capsys,
+                                                              source_run):
+    """--only leaves the source out of the batch, so its record decides: a source that failed
+    in its last epoch (its epoch-1 labels saved) or never ran blocks the reader - a line, a
+    failed record naming the source, exit 1, nothing trained; one that ended ok lets it train
+    on those labels."""
+    source, reader = source_and_reader(tmp_path)
+    source_cfg = RunConfig.from_dict({**source, "outputs_dir": str(tmp_path)})
+    if source_run != "absent":
+        if source_run == "failed":
+            poison_last_epoch(monkeypatch)
+        with pytest.raises(NonFiniteLoss) if source_run == "failed" else contextlib.nullcontext():
+            fit(source_cfg)
+        monkeypatch.undo()
+        assert (run_dir_of(source_cfg) / "ssa_labels" / "epoch1.safetensors").exists()
+    profile = tmp_path / "p.yaml"
+    profile.write_text(json.dumps({"report": False, "grid": [source, reader]}))
+    trained = []
+
+    def execute(prof, point, *a):        # the point in this process, not in a notebook kernel
+        trained.append(point["method"])
+        return fit(RunConfig.from_dict(point))["status"], ""
+    monkeypatch.setattr(batch, "execute", execute)
+    monkeypatch.setattr(batch.profile_outputs, "write", lambda *a, **k: None)
+    capsys.readouterr()
+    code = batch.main([str(profile), "--outputs", str(tmp_path), "--only", "method=ssa-co"])
+    out = capsys.readouterr().out
+    record = read_metrics(run_dir_of(RunConfig.from_dict({**reader, "outputs_dir": str(tmp_path)})))
+    if source_run == "ok":
+        assert code == 0 and trained == ["ssa-co"] and record["status"] == "ok"
+        assert record["ssa_labels"][0]["reused"] is True
+        return
+    line = f"blocked (source {source_cfg.run_id}: {source_run})"
+    assert code == 1 and trained == []
+    assert f"[1/1] task=synthetic method=ssa-co seed=0 model=tiny: {line} " in out
+    assert "0 ok, 0 skipped, 0 failed, 1 blocked (a source failed), 0 absent" in out
+    assert record == {**record, "status": "failed", "error": line, "blocked_by": source_cfg.run_id}
+    assert sorted(p.name for p in run_dir_of(RunConfig.from_dict(
+        {**reader, "outputs_dir": str(tmp_path)})).iterdir()) == [".lock", "metrics.json"]
+
+
+@pytest.mark.parametrize("files, status", [
+    ({"config.json": "{}"}, "unfinished, no metrics.json"),
+    ({"metrics.json": '{"status": "preempted", "preempted": {"step": 3}}'},
+     "unfinished, preempted"),
+    ({"metrics.json": '{"status": "failed", "error": "blocked (x)", "blocked_by": "x"}'},
+     "blocked"),
+    ({"metrics.json": '{"status": "ok", "best'}, "damaged ({folder}/metrics.json: corrupt JSON "
+                                                 "(Unterminated string")])
+def test_a_source_outside_the_batch_that_did_not_end_ok_blocks_its_reader(tmp_path, capsys,
+                                                                          files, status):
+    """Running or killed, preempted, blocked itself, a record that cannot be read: only an ok
+    source vouches for its saved labels (kit.runs.source_status)."""
+    folder = tmp_path / "runs" / "elsewhere"
+    (folder / "ssa_labels").mkdir(parents=True)
+    (folder / "ssa_labels" / "epoch1.safetensors").write_bytes(b"")
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    status = status.format(folder=folder)
+    point = {**LABELLED, "method": "ssa-co", "reuse_labels_from": str(folder),
+             "outputs_dir": str(tmp_path)}
+    ran = []
+    work = pool.Batch(Profile("p", tmp_path / "p.yaml", None, [point], False), [point], {},
+                      lambda point, kernels: (ran.append(point), ("ok", ""))[1])
+    assert pool.run_all(work, None, per_device=1, fresh=False, lock_wait_s=0)
+    out = capsys.readouterr().out
+    assert ran == [] and work.counts["blocked"] == 1
+    assert f": blocked (source elsewhere: {status}" in out
+    record = read_metrics(run_dir_of(RunConfig.from_dict(point)))
+    assert record["error"].startswith(f"blocked (source elsewhere: {status}")
+    assert record["blocked_by"] == "elsewhere"

@@ -92,3 +92,20 @@ def test_the_latest_runs(tmp_path):
         os.utime(runs.config_path(run_dir), (time.time() - age,) * 2)
     assert latest_runs(tmp_path, 2) == [dirs[2], dirs[1]]
     assert latest_runs(tmp_path / "none") == []
+
+
+def test_a_damaged_run_is_counted_and_named_never_dropped(by_method):
+    """A truncated metrics.json among the runs compared: its group counts it (n_damaged) and
+    the notes name it, instead of a smaller n; a run whose config.json is gone too is named."""
+    bert = by_method[0]
+    runs.metrics_path(bert).write_text('{"status": "ok", "best_d')
+    lost = made_run(by_method[0].parent, score=0.8, method="bert", seed=7)
+    runs.config_path(lost).write_text("")
+    runs.metrics_path(lost).write_text("")
+    table = compare_runs(by_method + [lost])
+    rows = table.dropna(subset=["method"]).set_index("method")
+    assert rows.loc["bert", ["n", "n_failed", "n_damaged"]].tolist() == [2, 0, 1]
+    assert rows.loc["bert", "score_mean"] == pytest.approx(0.83, abs=1e-12)
+    note = table.attrs["notes"][0]
+    assert note.startswith("2 damaged runs (") and f"{bert.name}: {runs.metrics_path(bert)}: " \
+        "corrupt JSON" in note and f"{lost.name}: {runs.config_path(lost)}: corrupt JSON" in note

@@ -207,3 +207,34 @@ def test_a_run_diverging_between_two_checkpoints_keeps_a_finite_last_and_resumes
     monkeypatch.setattr(loop, "train_step", train_step)
     m = fit(cfg)
     assert m["status"] == "ok" and m["resumed_inside_epoch"] == {"epoch": 0, "position": 3}
+
+
+def poison_last_epoch(monkeypatch) -> None:
+    """fit()'s weights go non-finite as its last epoch's training ends, every logged loss
+    finite: the epoch's evaluation would see weights that predict one class everywhere."""
+    from kit.train import loop
+    real = loop.train_epoch
+
+    def poisoned(r, epoch, work):
+        seconds = real(r, epoch, work)
+        if epoch == r.cfg.epochs - 1:
+            with torch.no_grad():
+                next(r.unwrapped.parameters()).fill_(float("inf"))
+        return seconds
+    monkeypatch.setattr(loop, "train_epoch", poisoned)
+
+
+def test_no_dev_predictions_from_non_finite_weights(tmp_path, monkeypatch):
+    """Epoch 1's weights go non-finite after its last (finite) loss: the run fails before that
+    epoch's evaluation writes anything, so dev.tsv stays epoch 0's and no dev_epoch1.tsv is
+    written from weights that predict one class everywhere."""
+    cfg = RunConfig(**{**TINY, "synthetic_size": 96}, save_epoch_predictions=True,
+                    outputs_dir=str(tmp_path))
+    poison_last_epoch(monkeypatch)
+    with pytest.raises(NonFiniteLoss, match="^non-finite weights after epoch 1 step 6;"):
+        fit(cfg)
+    predictions = run_dir_of(cfg) / "predictions"
+    assert sorted(p.name for p in predictions.iterdir()) == ["dev.tsv", "dev_epoch0.tsv"]
+    assert (predictions / "dev.tsv").read_bytes() == (predictions / "dev_epoch0.tsv").read_bytes()
+    record = json.loads((run_dir_of(cfg) / "metrics.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("NonFiniteLoss")

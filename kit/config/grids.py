@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from kit.config.paths import project_path
+from kit.config.paths import input_path, project_path
 from kit.config.profiles import Profile, read_spec, shard
 from kit.config.run_config import RunConfig
 
@@ -58,6 +58,16 @@ def sources(points: list[dict]) -> dict[int, list[int]]:
                 if j is not None and j != i and j not in found.get(i, []):
                     found.setdefault(i, []).append(j)
     return found
+
+
+def outside_sources(points: list[dict]) -> dict[int, Path]:
+    """{point: the run folder it reads saved labels from} for the points whose
+    `reuse_labels_from` run is no point of `points` (left out by --only, or run by hand): its
+    record, not an outcome in this batch, says whether they may run (kit.cluster.pool)."""
+    configs = [RunConfig.from_dict(point) for point in points]
+    ids = {cfg.run_id for cfg in configs}
+    return {i: input_path(cfg.reuse_labels_from) for i, cfg in enumerate(configs)
+            if cfg.reuse_labels_from and Path(cfg.reuse_labels_from).name not in ids}
 
 
 def chains(points: list[dict]) -> list[list[dict]]:

@@ -103,6 +103,7 @@ class Profile:
     report: bool = True                # the HTML report after the batch (kit.results.report.page)
     per_device: int = 1                # points at once on the device (kit.cluster.pool)
     paper: str = "none"                # the paper's rows in its tables (PAPER_TABLES)
+    grid_ids: frozenset[str] = frozenset()     # every point's run id, the ones --only left out too
 
     def notebook_for(self, cfg: RunConfig) -> Path:
         return self.notebook or point_notebook(cfg)
@@ -239,7 +240,7 @@ def load_profile(name: str, outputs_dir: str = "outputs", only: list[str] | None
     _check_grid_names_something(path, spec)
     _check_overrides_used(path, spec.get("task_overrides") or {}, points)
     return Profile(path.stem, path, notebook, only_points(points, only or [], path), skip,
-                   figures, report, per_device, paper)
+                   figures, report, per_device, paper, frozenset(seen))
 
 
 def _spelled(key: str, value) -> str:

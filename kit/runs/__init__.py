@@ -1,6 +1,7 @@
 """THE outputs contract: what a run writes under outputs/runs/<run_id>/ and how it is read back.
 
-    config.json        the resolved RunConfig, written when the run starts
+    config.json        the resolved RunConfig, written when the run starts, and `resolved`: what
+                       its `auto` settings became (cuda_graphs, length_buckets), once known
     metrics.json       status ok / failed (+ error) / preempted (+ where it stopped: a signal
                        stopped it after a checkpoint; rerunning resumes), written atomically
     history.csv        one row per logging step
@@ -24,7 +25,7 @@ processes from training one config at once. `from kit.runs import X` reaches eve
 """
 from kit.runs.lifecycle import (KEPT, RunLocked, RunPreempted, aside_line, base_record,
                             begin, end_rerun, lock, record_blocked, record_failed,
-                            run_recorded)
+                            record_resolved, run_recorded)
 from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,
                            dev_predictions_path, finished_metrics, history_path, metrics_path,
                            metrics_stamp, notebook_error, notebook_path, notebook_span,
@@ -32,7 +33,7 @@ from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,
                            previous_dir, read_config, read_dev_predictions, read_history,
                            read_json, read_metrics, read_saved_epoch, read_saved_labels,
                            readable_metrics, run_dir_of, run_folders, run_started, runs_root,
-                           saved_label_epochs, saved_labels_dir, saved_labels_path)
+                           saved_label_epochs, saved_labels_dir, saved_labels_path, source_status)
 from kit.runs.write import (label_text, make_run_dir, write_dev_predictions,
                             write_history, write_saved_labels, write_test_predictions)
 
@@ -43,7 +44,8 @@ __all__ = [
     "notebook_span",
     "predictions_dir", "previous_dir", "read_config", "read_dev_predictions", "read_history",
     "read_json", "read_metrics", "read_saved_epoch", "read_saved_labels", "readable_metrics",
-    "record_blocked", "record_failed", "run_dir_of", "run_folders", "run_recorded", "run_started", "RunLocked",
+    "record_blocked", "record_failed", "record_resolved", "run_dir_of", "run_folders", "run_recorded", "run_started", "RunLocked",
     "RunPreempted", "runs_root", "saved_label_epochs", "saved_labels_dir", "saved_labels_path",
+    "source_status",
     "write_dev_predictions", "write_history", "write_saved_labels", "write_test_predictions",
 ]

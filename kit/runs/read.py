@@ -118,6 +118,27 @@ def readable_metrics(run_dir: str | Path) -> dict | None:
         return None
 
 
+def source_status(run_dir: str | Path) -> str:
+    """How the run in `run_dir` ended, as a point that reads its output (saved SSA labels) asks:
+    "ok", or why its output is not to be trained on: "failed", "blocked" (its own source did
+    not finish), "unfinished, preempted", "unfinished, no metrics.json" (running, or killed),
+    "damaged (why)" (a metrics.json that cannot be read) or "absent" (no such folder). A run
+    that failed in its last epoch has saved every earlier epoch's labels: only "ok" vouches
+    for them."""
+    if not Path(run_dir).is_dir():
+        return "absent"
+    try:
+        metrics = read_metrics(run_dir)
+    except (OSError, ValueError) as err:
+        return f"damaged ({str(err).splitlines()[0]})"
+    status = (metrics or {}).get("status")
+    if metrics is None or status == "preempted":
+        return f"unfinished, {'preempted' if metrics else 'no metrics.json'}"
+    if status == "failed" and metrics.get("blocked_by"):
+        return "blocked"
+    return str(status)
+
+
 def finished_metrics(cfg: RunConfig) -> dict | None:
     """The metrics of an earlier run of this exact config that ended ok, if any."""
     done = readable_metrics(run_dir_of(cfg))

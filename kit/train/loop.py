@@ -28,7 +28,7 @@ from kit.train import progress as kprogress
 from kit.train import run_state
 from kit import runs
 from kit.train import tracking as ktracking
-from kit.models.regional_compile import capture_graphs, compile_layers, resolve_cuda_graphs
+from kit.models.regional_compile import capture_graphs, compile_layers, resolve_graphs
 from kit.train.accel import (explain_mps_errors, make_accelerator, peak_memory_mb, process_state,
                              reset_peak_memory, resolve_dropout_rng)
 from kit.config.run_config import RunConfig
@@ -102,7 +102,6 @@ class Loop:
     reads: tuple | None                 # the batch keys the job's forward reads (None: all)
     progress: run_state.Progress
     last: Path                          # the checkpoint a preempted run resumes from
-    graphs: bool
     dropout_rng: str
     lr: float                           # a float the loop set: reading it reads no device
     started: float                      # the run's clock, counting the time before a resume
@@ -129,10 +128,10 @@ def set_up(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     accelerator.init_trackers(cfg.profile or "runs", config=ktracking.hparams(cfg.to_dict()))
     job = build(cfg)
     job.writer = accelerator.is_main_process     # only the main process writes files
-    graphs = resolve_cuda_graphs(cfg.cuda_graphs, accelerator.device.type, job.planned_steps,
-                                 cfg.guide_loss == "task" and not cfg.compile)
+    resolved = resolve_graphs(cfg, accelerator.device.type, job.planned_steps,
+                              accelerator.num_processes)
     dropout_rng = resolve_dropout_rng(cfg.dropout_rng, accelerator.device.type,
-                                      accelerator.mixed_precision, cfg.compile or graphs)
+                                      accelerator.mixed_precision, cfg.compile or resolved.graphs)
     if dropout_rng == "packed":            # before prepare: DDP and autocast wrap the swapped model
         # imported here: it loads transformers' modeling code (and with it scipy), which a
         # kernel importing this loop need not pay for before a model is built
@@ -149,16 +148,18 @@ def set_up(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     unwrapped = accelerator.unwrap_model(model)
     schedule = LinearSchedule(optimizer, cfg.warmup_ratio)
     stop = job.stop = stop or preemption.Stop(cfg.checkpoint_minutes, cfg.checkpoint_steps)
-    shape = static_shape("on" if graphs else cfg.length_buckets, cfg.max_length,
+    shape = static_shape(resolved.length_buckets, cfg.max_length,
                          -(-cfg.batch_size // accelerator.num_processes) if job.pads_rows else 0)
     # accelerate saves and restores the model, optimizer and every rank's RNG; run_state this
     # progress (JSON) and, inside an epoch, the epoch's examples and batches as drawn
-    progress = run_state.Progress()
+    progress = run_state.Progress(resolved=resolved.record)   # a checkpoint's must match it
     inside = run_state.resume(accelerator, run_dir, progress, cfg.resume_on_other_hardware)
+    if accelerator.is_main_process:
+        runs.record_resolved(run_dir, resolved.record)
     job.resumed(progress.epoch + (inside is not None))
     if cfg.compile:     # in place: the model, its state-dict names and checkpoints unchanged
         compile_layers(unwrapped)
-    if graphs:          # likewise
+    if resolved.graphs:     # likewise
         capture_graphs(unwrapped)
     # lr follows the position in the data, not a count of updates: an fp16 step the loss scaler
     # skips (inf / NaN gradients) loses its update but does not shift the schedule, which stays
@@ -167,7 +168,7 @@ def set_up(cfg: RunConfig, run_dir: Path, build: Callable[[RunConfig], Job],
     lr = schedule.set_progress(done / cfg.epochs)
     return Loop(cfg, run_dir, accelerator, job, model, unwrapped, optimizer, schedule, stop, shape,
                 job.inputs and (*job.inputs, "weight"), progress,
-                runs.checkpoint_dir(run_dir) / "last", graphs, dropout_rng, lr,
+                runs.checkpoint_dir(run_dir) / "last", dropout_rng, lr,
                 time.perf_counter() - progress.elapsed), inside
 
 
@@ -273,10 +274,12 @@ def evaluate(r: Loop, epoch: int, work: Epoch, epoch_train_s: float) -> bool:
     """(3) Evaluate on the full dev set(s) and record the epoch; whether it is the best yet."""
     p, accelerator, main = r.progress, r.accelerator, r.accelerator.is_main_process
     t0 = time.perf_counter()
+    # the epoch's predictions and checkpoints come from finite weights only: a finite last loss
+    # may still have written non-finite ones (one class everywhere, over the best dev.tsv)
+    refuse_non_finite(accelerator, r.unwrapped, [], [], epoch, p.step)
     try:
         dev_metrics, three, results = r.job.evaluate(r.predict, r.unwrapped)
     except preemption.Interrupted:      # keep the epoch's training; the resumed run evaluates
-        refuse_non_finite(accelerator, r.unwrapped, [], [], epoch, p.step)
         p.window, p.window_tasks, p.lr = [], [], r.lr
         p.epoch_train_s = epoch_train_s
         run_state.save_inside(accelerator, r.run_dir, p, work, len(work.plan),
@@ -309,8 +312,7 @@ def checkpoint_epoch(r: Loop, epoch: int, improved: bool) -> None:
     """(3) `last` with the loop state, `best` if improved; a signal noted meanwhile stops here."""
     p = r.progress
     p.epoch, p.elapsed, p.position = epoch, time.perf_counter() - r.started, None
-    # every rank: each saves its RNG state; `best` only where it is kept or predicts the test
-    refuse_non_finite(r.accelerator, r.unwrapped, [], [], epoch, p.step)
+    # every rank saves its RNG state; `best` where kept or predicting the test (finite: evaluate)
     run_state.save_checkpoints(r.accelerator, r.unwrapped, r.job.tokenizer, r.run_dir,
                                improved and (r.cfg.save_checkpoints or r.job.has_test),
                                r.job.save, p)
@@ -345,5 +347,4 @@ def summary(r: Loop) -> dict:
             "resumed_on_other_hardware": p.other_hardware,
             "processes": accelerator.num_processes, "per_device": points_per_device(),
             "device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision,
-            "dropout_rng": r.dropout_rng, "length_buckets": "off" if r.shape is None else "on",
-            "cuda_graphs": "on" if r.graphs else "off"}
+            "dropout_rng": r.dropout_rng, **p.resolved}

@@ -11,7 +11,6 @@ folders. Metric values in the run folders are fractions.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -52,13 +51,24 @@ def _run_rows(run_dir: Path) -> list[dict]:
             for name, values in per_task.items()]
 
 
-def _rows_or_skip(run_dir: Path) -> list[dict]:
-    """`_run_rows`, or none and a line naming the damaged file."""
+def _rows_or_damaged(run_dir: Path) -> list[dict]:
+    """`_run_rows`, or for a run whose files cannot be read one row of status "damaged", its
+    error naming the file and what is wrong: every table counts it, none drops it."""
     try:
         return _run_rows(run_dir)
-    except ValueError as err:
-        print(f"skipped a damaged run: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
-        return []
+    except (OSError, ValueError) as err:
+        return [_damaged_row(run_dir, str(err).splitlines()[0])]
+
+
+def _damaged_row(run_dir: Path, error: str) -> dict:
+    """A damaged run's row: its identity (task, model, method, seed ...) from config.json where
+    that can be read, so it is counted in its own cell; else the run id alone."""
+    try:
+        config = runs.read_config(run_dir) or {}
+    except (OSError, ValueError):
+        config = {}
+    return {"run_id": run_dir.name, **_scalars(config), "status": "damaged", "error": error,
+            "run_dir": str(run_dir)}
 
 
 def _checked(run_dir: Path, metrics: dict | None) -> dict:
@@ -166,12 +176,27 @@ def few_seeds(runs: pd.DataFrame, by: Sequence[str] = ()) -> str | None:
             f"between methods are not evidence (at least {MIN_SEEDS} seeds per cell are)")
 
 
+def damaged_line(runs: pd.DataFrame, shown: int = 3) -> str | None:
+    """One line naming the damaged runs (`load_runs`' status "damaged") and what is wrong with
+    each, None when there is none: a run without a readable config.json belongs to no cell, so
+    this line is where it is counted."""
+    damaged = runs[runs["status"] == "damaged"] if len(runs) else runs
+    if damaged.empty:
+        return None
+    listed = [f"{r}: {e}" for r, e in zip(damaged["run_id"], damaged["error"])]
+    more = f" and {len(listed) - shown} more" if len(listed) > shown else ""
+    return (f"{len(listed)} damaged run{'s' if len(listed) > 1 else ''} (a record no run "
+            f"writes; counted in n, never averaged; rerunning its point retrains it): "
+            f"{'; '.join(listed[:shown])}{more}")
+
+
 def table_notes(runs: pd.DataFrame, by: Sequence[str] = ()) -> list[str]:
-    """The lines every table of these runs shows above itself: mixed environments, thin cells."""
+    """The lines every table of these runs shows above itself: damaged runs, mixed
+    environments, thin cells."""
     ok = finished(runs)
     envs = ok["environment"] if "environment" in ok.columns else [None] * len(ok)
     env = mixed_environments(list(zip(ok["run_id"], envs)))
-    return [line for line in (env, few_seeds(runs, by)) if line]
+    return [line for line in (damaged_line(runs), env, few_seeds(runs, by)) if line]
 
 
 def _last_target_loss(run_dir: Path) -> float | None:
@@ -201,14 +226,15 @@ def load_runs(run_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> pd.D
     Failed runs are rows with status "failed" (their metric columns are NaN). A folder without
     metrics.json is a row with status "missing" rather than skipped: a grid's missing seeds then
     show up in the tables' counts instead of silently shrinking n. A damaged folder (a corrupt
-    or truncated config.json / metrics.json, a record no run writes) is skipped with one line on
-    stderr naming its file, and the others go on: such a file is not something a finished run
-    writes (the loop writes metrics.json atomically), so it needs a look rather than a guess,
-    but one damaged run does not stop a report.
+    or truncated config.json / metrics.json, a record no run writes) is a row with status
+    "damaged", its error naming the file and what is wrong, and the others go on: such a file
+    is not something a finished run writes (the loop writes metrics.json atomically), so it
+    needs a look rather than a guess, but one damaged run neither stops a report nor shrinks
+    its n (`damaged_line` names them above the tables).
     """
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = runs.run_folders(run_dirs)
-    df = pd.DataFrame([row for d in run_dirs for row in _rows_or_skip(Path(d))])
+    df = pd.DataFrame([row for d in run_dirs for row in _rows_or_damaged(Path(d))])
     for column in _BASE_COLUMNS:
         if column not in df.columns:
             df[column] = np.nan

@@ -93,7 +93,9 @@ def ok_runs(rows: pd.DataFrame, what: str) -> pd.DataFrame:
 
 
 def status_counts(rows: pd.DataFrame) -> dict[str, int]:
-    return {s: int((rows["status"] == s).sum()) for s in ("failed", "missing")}
+    """A cell's runs that gave no result, by why: failed, missing (running, killed, preempted)
+    and damaged (a record that cannot be read: kit.results.frame.collect.load_runs)."""
+    return {s: int((rows["status"] == s).sum()) for s in ("failed", "missing", "damaged")}
 
 
 def fold_runs(df: pd.DataFrame) -> pd.DataFrame:
@@ -221,7 +223,7 @@ def comparisons(df: pd.DataFrame, baseline: str = "bert", test: str = "welch") -
 def summary_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     """Per task x model x method (x the `by` columns, e.g. ["gamma"]): over the seeds of the OK
     runs, mean and sample std of the task score and each official metric (fractions), the number
-    of seeds, and how many runs failed or are missing. k-fold runs (n_folds >= 2) are
+    of seeds, and how many runs failed, are missing or are damaged. k-fold runs (n_folds >= 2) are
     summarised per fold: each fold is its own dev set, never averaged with seeds (fold_table
     gives the mean over folds)."""
     keys = ["task", "model", "method", *by]

@@ -22,7 +22,7 @@ from kit import runs
 from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
 from kit.results.tables import build
-from kit.results.frame.collect import load_runs, mixed_environments
+from kit.results.frame.collect import damaged_line, load_runs, mixed_environments
 
 # config fields that never make a group: a run's seed, a k-fold run's fold (summary_table keeps
 # folds apart itself) and what does not change the numbers (the run id's own list)
@@ -66,13 +66,14 @@ def group_labels(df: pd.DataFrame, keys: Sequence[str]) -> pd.Series:
 def compare_runs(run_dirs: Iterable[str | os.PathLike], by: Sequence[str] | None = None,
                  baseline: str | None = None, test: str = "welch") -> pd.DataFrame:
     """One row per task x model x group of `run_dirs` (`by`: the config fields to group on;
-    default `differing_fields`): `n` OK runs, n_failed, n_missing, `score` as "mean ± std"
-    (x100 where the task is shown x100), then score_mean, score_std and <metric>_mean / _std
-    (fractions; std: sample std over the group's runs), degenerate, and against `baseline`
-    (a group label; default `bert` when grouping by method, else the first group): diff
-    (x100 where shown x100), p (two-sided `test`: welch or permutation), p_holm
+    default `differing_fields`): `n` OK runs, n_failed, n_missing, n_damaged, `score` as
+    "mean ± std" (x100 where the task is shown x100), then score_mean, score_std and
+    <metric>_mean / _std (fractions; std: sample std over the group's runs), degenerate, and
+    against `baseline` (a group label; default `bert` when grouping by method, else the first
+    group): diff (x100 where shown x100), p (two-sided `test`: welch or permutation), p_holm
     (Holm-Bonferroni across the table) and mark. attrs: caption, notes (a line naming the
-    groups of one run, a line when the runs' environments differ), baseline."""
+    damaged runs, one naming the groups of one run, one when the runs' environments differ),
+    baseline."""
     df = load_runs([project_path(d) for d in run_dirs])    # "outputs/runs/.." from notebooks/ too
     if df.empty:
         raise ValueError("compare_runs: no run folders given")
@@ -103,10 +104,12 @@ def compare_runs(run_dirs: Iterable[str | os.PathLike], by: Sequence[str] | None
 
 
 def _notes(df: pd.DataFrame, out: pd.DataFrame, column: str) -> list[str]:
-    """The lines to read before the numbers: groups of one run, mixed environments."""
+    """The lines to read before the numbers: damaged runs, groups of one run, mixed
+    environments."""
     single = [f"{row[column]} ({row['task']})" for _, row in out.iterrows() if row["n"] == 1]
-    lines = [f"one run in {', '.join(single)}: no std, and no test can tell it from the "
-             "baseline (p = 1); run more seeds"] if single else []
+    lines = [damaged_line(df)]
+    lines += [f"one run in {', '.join(single)}: no std, and no test can tell it from the "
+              "baseline (p = 1); run more seeds"] if single else []
     ok = df[df["status"] == "ok"]
     envs = ok["environment"] if "environment" in ok.columns else [None] * len(ok)
     lines.append(mixed_environments(list(zip(ok["run_id"], envs))))
