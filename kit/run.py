@@ -30,7 +30,7 @@ from kit.cluster.point import NOTEBOOK_FAILED, execute
 from kit.cluster.signals import forwarding_signals
 from kit import runs
 from kit.models.backbones import ModelError
-from kit.config.paths import kit_commit, outputs_root
+from kit.config.paths import input_path, kit_commit, outputs_root
 from kit.config.run_config import ConfigError, RunConfig, field_types
 from kit.config.rules import CHOICES
 from kit.config.profiles import REPO, Profile, YamlLoader, point_notebook
@@ -120,6 +120,10 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
     if finished_metrics(cfg) is not None and not cfg.rerun:   # before the data check: at once
         return "skipped", "finished earlier", cfg
     preflight(profile, [params])
+    if cfg.reuse_labels_from:        # as a batch blocks it: only a run that ended ok vouches
+        source = input_path(cfg.reuse_labels_from)
+        if (status := runs.source_status(source)) != "ok":
+            return "blocked", f"source {source.name}: {status}", cfg
     prepare_kernels()
     with forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
         status, detail = execute(profile, params)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(status, detail, cfg), flush=True)
     # stopped: a signal before training began (resume by running again); held: another
     # process trains this config
-    return {"failed": 1, "held": 1, NOTEBOOK_FAILED: 1, "preempted": PREEMPTED_EXIT,
+    return {"failed": 1, "held": 1, "blocked": 1, NOTEBOOK_FAILED: 1, "preempted": PREEMPTED_EXIT,
             "stopped": PREEMPTED_EXIT}.get(status, 0)
 
 

@@ -195,3 +195,22 @@ def test_a_source_outside_the_batch_that_did_not_end_ok_blocks_its_reader(tmp_pa
     record = read_metrics(run_dir_of(RunConfig.from_dict(point)))
     assert record["error"].startswith(f"blocked (source elsewhere: {status}")
     assert record["blocked_by"] == "elsewhere"
+
+
+def test_one_run_from_the_command_line_is_blocked_by_a_source_that_did_not_end_ok(
+        tmp_path, capsys, monkeypatch):
+    """`python -m kit.run ... reuse_labels_from=FOLDER` reads the source's record as a batch
+    does: a source that failed in its last epoch saved earlier labels, which nothing trains on."""
+    from kit import run
+    folder = tmp_path / "runs" / "elsewhere"
+    (folder / "ssa_labels").mkdir(parents=True)
+    (folder / "ssa_labels" / "epoch1.safetensors").write_bytes(b"")
+    (folder / "metrics.json").write_text('{"status": "failed", "error": "non-finite loss"}')
+    trained = []
+    monkeypatch.setattr(run, "execute", lambda *a: trained.append(a) or ("ok", ""))
+    monkeypatch.setattr(run, "prepare_kernels", lambda: None)
+    point = {**LABELLED, "method": "ssa-co", "reuse_labels_from": str(folder),
+             "outputs_dir": str(tmp_path)}
+    argv = [f"{k}={v}" for k, v in point.items()]
+    assert run.main(argv) == 1 and trained == []
+    assert ": blocked (source elsewhere: failed)" in capsys.readouterr().out
