@@ -22,10 +22,10 @@ raises after fit() has finished its run makes the point `notebook failed` (the r
 never rerun; only a signal's cut of those cells stays silent). kit.cluster holds the parts:
 one point (point), its kernel (kernels), the signals (signals), the points one or K at once
 (pool), the grid's records and lines (tally). The first line says where the batch trains (the
-device, a GPU by name, the precision `auto` chose, K). Exit status: 0 all ok, 1 a run failed
-(or was blocked: a source it reads failed; or a finished run's notebook failed, or another
-batch still holds a point), 2 bad input, 75 stopped by a signal (rerun to resume), 3 stopped
-where a rerun would get no further.
+device, a GPU by name, the precision `auto` chose, K) and which points replay CUDA graphs, and
+why. Exit status: 0 all ok, 1 a run failed (or was blocked: a source it reads failed; or a
+finished run's notebook failed, or another batch still holds a point), 2 bad input, 75 stopped
+by a signal (rerun to resume), 3 stopped where a rerun would get no further.
 """
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def run_profile(name: str, shard_spec: str | None = None, outputs_dir: str = "ou
                          outputs_root(outputs_dir))
     print(f"profile {profile.name}: {len(points)} runs, data checked in "
           f"{time.perf_counter() - started:.1f}s; "
-          f"{tally.where_line(points, per_device, processes * nodes)}", flush=True)
+          f"{tally.where_line(points, per_device, processes * nodes)}; "
+          f"{tally.graphs_line(points, processes * nodes)}", flush=True)
     if line := sources_line([RunConfig.from_dict(p) for p in points if p and p.get("task")]):
         print(line, flush=True)
     run = lambda point, kernels: execute(profile, point, processes, kernels, nodes,  # noqa: E731

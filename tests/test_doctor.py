@@ -11,6 +11,7 @@ import torch
 
 from kit.train import accel, provenance, speed_probe
 from kit import doctor
+from kit.models import regional_compile
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ["machine", "decisions", "data and models", "software"]
@@ -84,9 +85,14 @@ def test_report_sections_and_keys(machine, monkeypatch, tmp_path):
                                            "kit processes", "trackers"]
     assert sections["decisions"]["compile"].startswith("off — ")
     assert sections["decisions"]["cuda_graphs (auto)"].startswith(
-        "on for runs of 4,200+ steps without attention guiding, else off — measured on an H200")
+        "off for every run — no GPU run has verified graphs against eager yet")
     assert doctor.graphs_line("cpu") == ("off — CUDA graphs replay on a CUDA GPU only; this "
                                          "machine trains on cpu")
+    row = regional_compile.Verified("bert", 1, 1, "abc1234, H200, losses and scores")
+    assert doctor.graphs_line("cuda", (row,)) == (
+        "on for runs of 4,200+ steps of bert at grad_accum 1 on 1 process(es), with no attention "
+        "guiding and length_buckets not off; else off — verified: abc1234, H200, losses and "
+        "scores")
     assert sections["decisions"]["accelerate launch"].startswith("1 — no accelerate config")
     assert sections["decisions"]["trackers"] == ("installed: tensorboard; report_to auto -> "
                                                  "tensorboard")

@@ -1,5 +1,6 @@
 """Every batch says where it trains: its first line names the device (a GPU by name), the
-precision `mixed_precision: auto` resolves to there, the processes a run takes and K."""
+precision `mixed_precision: auto` resolves to there, the processes a run takes and K, and which
+points replay CUDA graphs and why."""
 import pytest
 import torch
 
@@ -37,4 +38,16 @@ def test_a_batchs_first_line_says_where_it_trains(tmp_path, monkeypatch, capsys)
     assert batch.main([str(path), "--outputs", str(tmp_path / "out")]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("profile p: 1 runs, data checked in ")
-    assert first.endswith("s; on cpu, fp32 (auto), one point at a time")
+    assert first.endswith("s; on cpu, fp32 (auto), one point at a time; CUDA graphs: 0 of 1 "
+                          "points (CUDA graphs need a CUDA GPU; this run trains on cpu)")
+
+
+def test_the_first_line_says_which_points_replay_cuda_graphs_and_why(monkeypatch):
+    """On a GPU (pretended), `auto` stays eager where no GPU run verified the combination, an
+    explicit `on` replays, and the reasons are grouped with their counts."""
+    monkeypatch.setattr(accel, "machine_device", lambda: "cuda")
+    points = [{**POINT, "method": "ssa-h"}, {**POINT, "method": "ssa-h", "seed": 1},
+              {**POINT, "cuda_graphs": "on"}]
+    assert tally.graphs_line(points, 2) == (
+        "CUDA graphs: 1 of 3 points (2: no GPU run has verified graphs for ssa-h at grad_accum 1 "
+        "on 2 process(es) (kit.models.regional_compile.VERIFIED); 1: cuda_graphs: on was asked)")

@@ -5,6 +5,7 @@ lines and their exit status, and what a signal left undone (`stopped`)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from kit.cluster.point import NOTEBOOK_FAILED
 from kit.config import grids
@@ -64,6 +65,20 @@ def where_line(points: list[dict], per_device: int, processes: int = 1) -> str:
     spread = f", {processes} processes a run" if processes > 1 else ""
     k = f"{per_device} points at once" if per_device > 1 else "one point at a time"
     return f"on {device}{gpu}, {precisions}{spread}, {k}"
+
+
+def graphs_line(points: list[dict], processes: int = 1) -> str:
+    """Which points replay CUDA graphs and why, as the batch's first line ends: each point's
+    settings through kit.models.regional_compile.decide_graphs on this machine's device (its
+    planned steps are counted as it starts), the reasons grouped."""
+    from kit.models.regional_compile import resolve_graphs
+    from kit.train.accel import machine_device
+    device = machine_device()
+    decided = [resolve_graphs(RunConfig.from_dict(p), device, None, processes) for p in points]
+    reasons = Counter(r.cuda_graphs_reason for r in decided)
+    why = "; ".join(reason if len(reasons) == 1 else f"{n}: {reason}"
+                    for reason, n in reasons.items())
+    return f"CUDA graphs: {sum(r.graphs for r in decided)} of {len(points)} points ({why})"
 
 
 def eta(started: float, ran: int, left: int) -> str:

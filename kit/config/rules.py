@@ -181,8 +181,9 @@ def model_problem(cfg) -> str | None:
 
 def graphs_problem(cfg) -> str | None:
     """A CUDA graph replays one shape: `cuda_graphs: on` trains on length buckets, so an
-    explicit `length_buckets: off` contradicts it; and it compiles the whole encoder, which the
-    layer-wise `compile` would compile a second time."""
+    explicit `length_buckets: off` contradicts it; it compiles the whole encoder, which the
+    layer-wise `compile` would compile a second time; and it replays backward graphs, which
+    gradient accumulation has not been verified with."""
     if cfg.cuda_graphs != "on":
         return None
     if cfg.length_buckets == "off":
@@ -191,6 +192,11 @@ def graphs_problem(cfg) -> str | None:
     if cfg.compile:
         return ("parameter 'cuda_graphs': on compiles the whole encoder; leave compile false "
                 "(the layer-wise compilation) with it")
+    # until a GPU run verifies it (a row of kit.models.regional_compile.VERIFIED lifts this)
+    if cfg.grad_accum > 1:
+        return (f"parameter 'cuda_graphs': on with grad_accum {cfg.grad_accum} is not verified "
+                "on a GPU (a replayed backward can overwrite accumulated gradients); use "
+                "grad_accum 1, or cuda_graphs auto or off")
     return None
 
 

@@ -18,12 +18,20 @@ from kit import methods
 from kit.config.notebook_cells import cell_parameters
 from kit.config.tasks import canonical_task_name
 
-RESULTS_VERSION = 4  # bump when a default or the training code changes what a config computes
+RESULTS_VERSION = 5  # bump when a default or the training code changes what a config computes
 # 4: one loop without DataLoaders (kit.train.loop): torch's RNG is no longer drawn per loader, so
 #    dropout streams, and results, differ from version 3 like another seed
+# 5: cuda_graphs: auto graphs only the combinations a GPU run verified (none yet): CUDA runs of
+#    4,200+ steps (SST-2, QNLI, QQP, MNLI at the defaults), compiled with graphs, length buckets,
+#    padded rows and inductor's dropout stream under 4, train eagerly again
 METHODS = methods.names()                       # the registry: kit/methods/__init__.py
 SSA_METHODS = methods.names(epoch="ssa-labels")
 MULTITASK_METHODS = methods.names(multitask=True)   # kit.train.multitask; task="multitask"
+
+
+# config.json's record of what a run's `auto` settings became (kit.models.regional_compile.
+# resolve_graphs), written beside its parameters: reading a config.json back takes the parameters
+RESOLVED = "resolved"
 
 
 class ConfigError(ValueError):
@@ -105,8 +113,9 @@ class RunConfig:
     compile: bool = knob(False, "torch.compile the encoder's layer (kit.models.regional_compile)")
     cuda_graphs: str = knob("auto", "auto | off | on: the encoder compiled with mode "
                                     "reduce-overhead (CUDA graphs, one per length bucket; implies "
-                                    "length_buckets); auto: on for CUDA runs of 4,200+ steps "
-                                    "without attention maps (kit.models.regional_compile.resolve_cuda_graphs)")
+                                    "length_buckets); auto: on only for the CUDA runs of "
+                                    "4,200+ steps whose combination a GPU run verified, none "
+                                    "yet (kit.models.regional_compile.VERIFIED)")
     dropout_rng: str = knob("auto", "auto | torch | packed: dropout's mask from 16-bit lanes of "
                                     "random words (kit.models.packed_dropout); auto: packed for "
                                     "bf16 on a CPU (kit.train.accel.resolve_dropout_rng)")
@@ -196,6 +205,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, params: dict) -> "RunConfig":
         names = [f.name for f in dataclasses.fields(cls)]
+        params = {k: v for k, v in params.items() if k != RESOLVED}   # a run's config.json
         for key in params:
             if key not in names:
                 raise ConfigError(unknown_parameter(key, names))

@@ -18,10 +18,12 @@ import shutil
 import traceback
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 from kit import io as kio
-from kit.config.run_config import RunConfig
-from kit.runs.read import finished_metrics, metrics_path, previous_dir, run_dir_of
+from kit.config.run_config import RESOLVED, RunConfig
+from kit.runs.read import (config_path, finished_metrics, metrics_path, previous_dir, read_json,
+                           run_dir_of)
 from kit.runs.write import make_run_dir
 
 KEPT = "the finished run is kept (its rerun did not finish)"
@@ -97,6 +99,14 @@ def run_recorded(cfg: RunConfig, body, state, environment: Callable[[int], dict]
         kio.write_json(run_dir / "metrics.json", metrics)
         end_rerun(cfg, ok=True)
         return metrics
+
+
+def record_resolved(run_dir: Path, resolved: dict) -> None:
+    """config.json's `resolved` block: what the run's `auto` settings became on its machine
+    (kit.models.regional_compile.resolve_graphs), known once its loop is set up; the main
+    process writes it."""
+    path = config_path(run_dir)
+    kio.write_json(path, {**read_json(path), RESOLVED: resolved})
 
 
 def lock(cfg: RunConfig) -> kio.FileLock:

@@ -1,6 +1,7 @@
 """What hardware wrote a checkpoint and whether this run's may resume it bit for bit (kit.train.
 run_state's `last`): the record (`hardware`), the one-line refusal or the run's note (`compare`),
-and the check that accelerate really restored every RNG (`check_rngs`).
+the refusal of another cuda_graphs / length_buckets resolution (`check_resolution`), and the
+check that accelerate really restored every RNG (`check_rngs`).
 """
 from __future__ import annotations
 
@@ -97,6 +98,24 @@ def compare(folder: Path, written: dict, here: dict, allowed: bool,
     raise CheckpointError(f"{line}{auto}: resume it on hardware like that{processes}, set "
                           "resume_on_other_hardware: true to resume anyway (not bit-exact), or "
                           "delete that folder to restart the run from scratch")
+
+
+# what a run's `auto` settings resolved to (kit.models.regional_compile.resolve_graphs), recorded
+# beside the hardware: another resolution is another computation (graphs train on length buckets
+# with padded rows and draw dropout from inductor's generator), so no switch resumes across it
+RESOLVED_FIELDS = ("cuda_graphs", "length_buckets")
+
+
+def check_resolution(folder: Path, written: dict, here: dict) -> None:
+    """Refuse, in one line naming both, a checkpoint whose record resolved RESOLVED_FIELDS
+    otherwise than this run (`here`: Resolved.record); a record without them (unknown) passes."""
+    if all(written.get(k, here[k]) == here[k] for k in RESOLVED_FIELDS):
+        return
+    then = ", ".join(f"{k} {written.get(k, '?')}" for k in RESOLVED_FIELDS)
+    now = ", ".join(f"{k} {here[k]}" for k in RESOLVED_FIELDS)
+    raise CheckpointError(f"{folder} was written with {then}; this run resolves {now} "
+                          f"({here['cuda_graphs_reason']}): resume it where it resolves the same, "
+                          "or delete that folder to restart the run from scratch")
 
 
 def check_rngs(folder: Path, accelerator) -> None:

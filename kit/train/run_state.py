@@ -18,7 +18,9 @@ removes the folder once the run is recorded ok (`discard`).
 `last` also records the hardware that wrote it (kit.train.checkpoint_hardware: precision,
 device, processes; a GPU's model and how many the process saw): resuming on other hardware is
 refused in one line unless the run allows it (`resume_on_other_hardware`), and then noted in
-metrics.json, since the resumed run is no longer bit for bit the uninterrupted one.
+metrics.json, since the resumed run is no longer bit for bit the uninterrupted one. It records
+what the run resolved cuda_graphs and length_buckets to as well: a resume that resolves them
+otherwise computes another run, and is refused in one line naming both, whatever the switch.
 """
 from __future__ import annotations
 
@@ -62,6 +64,9 @@ class Progress:
     epoch_train_s: float = 0.0
     resumed_at: dict | None = None
     written_on: dict | None = None     # `hardware` of the run that wrote the checkpoint
+    # what this run resolved its cuda_graphs and length_buckets to (kit.models.regional_compile.
+    # resolve_graphs): written into the record with its hardware, and checked on resume
+    resolved: dict = field(default_factory=dict)
     other_hardware: list = field(default_factory=list)   # a line per resume on other hardware
 
     def load(self, state: dict) -> None:
@@ -136,7 +141,7 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()        # every rank's RNG file is in
     if main:
-        progress.written_on = khw.hardware(accelerator)
+        progress.written_on = {**khw.hardware(accelerator), **progress.resolved}
         kio.write_json(tmp / PROGRESS, asdict(progress))
         last = checkpoint_dir(run_dir) / "last"     # .old: what resume reads after a kill
         kio.swap_in(tmp, last, last.with_name("last.old"))
@@ -174,6 +179,7 @@ def resume(accelerator, run_dir: Path, progress: Progress,
     try:
         state = read_json(folder / PROGRESS)
         written = state.get("written_on") or khw.older_checkpoint(folder, here)
+        khw.check_resolution(folder, written, progress.resolved)
         if "gpus" in here and "gpus" not in written:
             written = {**written, **khw.gpus_of_rng_file(folder, accelerator)}
         note = khw.compare(folder, written, here, other_hardware, khw.requeued())
