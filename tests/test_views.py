@@ -294,11 +294,14 @@ def test_show_table_hides_row_numbers_keeps_a_real_index_and_says_its_caption():
     from kit.results.views import show
     frame = pd.DataFrame({"method": ["bert", "ssa-h"], "score": [0.8125, float("nan")]})
     frame.attrs.update(notes=["1 run (seed) per cell."], caption="Dev accuracy x100.")
-    page = show.table(frame).to_html()
+    shown = show.table(frame)
+    page = shown._repr_html_()
     assert "<caption>1 run (seed) per cell. Dev accuracy x100.</caption>" in page
     assert ">0<" not in page and ">1<" not in page                 # no 0, 1 row numbers
     assert ">0.8125<" in page and ">nan<" not in page
-    indexed = show.table(frame.set_index("method"), caption="").to_html()
+    assert repr(shown).splitlines() == ["1 run (seed) per cell. Dev accuracy x100.",
+                                        "method  score", "  bert 0.8125", " ssa-h       "]
+    indexed = show.table(frame.set_index("method"), caption="")._repr_html_()
     assert ">ssa-h<" in indexed and "<caption>" not in indexed
     assert show.table(frame.iloc[:0], empty="Nothing to select.")._repr_html_() == (
         "<p>Nothing to select.</p>")

@@ -3,7 +3,7 @@ Python's repr. The report (kit.results.report) renders the notebooks as they ran
 shows here is what the report's reader sees: no `[PosixPath(...)]`, no 0, 1, 2 ... index
 column, captions as sentences.
 
-    table(frame)      -> a pandas Styler: no RangeIndex column, the caption (and notes) above it
+    table(frame)      -> HTML and text: no RangeIndex column, the caption (and notes) above it
     written(paths)    -> prints `Written to outputs/tables: demo-results.md, ...`
 """
 from __future__ import annotations
@@ -23,22 +23,25 @@ def cell(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def table(frame: pd.DataFrame, caption: str | None = None, empty: str = "(none)"):
-    """`frame` to display: a Styler whose cells read as `cell` puts them, without the index
-    when it is only row numbers, with `caption` (default: the table's own `attrs["notes"]` and
-    `attrs["caption"]`) as sentences above it. An empty frame shows `empty` instead."""
+def table(frame: pd.DataFrame, caption: str | None = None, empty: str = "(none)") -> Shown:
+    """`frame` to display: its cells as `cell` puts them, without the index when it is only row
+    numbers, `caption` (default: the table's own `attrs["notes"]` and `attrs["caption"]`) as
+    sentences above it; as HTML (a notebook, the report) and as text. An empty frame shows
+    `empty` instead."""
     if frame.empty:
-        return _Text(empty)
+        return Shown(empty, f"<p>{html.escape(empty)}</p>")
     if caption is None:
         caption = " ".join([*frame.attrs.get("notes", ()), frame.attrs.get("caption", "")])
+    caption = caption.strip()
+    rows = not isinstance(frame.index, pd.RangeIndex)
     styler = frame.style.format(cell)
-    if isinstance(frame.index, pd.RangeIndex):
+    if not rows:
         styler = styler.hide(axis="index")
-    if caption.strip():
-        styler = styler.set_caption(html.escape(caption.strip()))
-        styler = styler.set_table_styles([{"selector": "caption",
-                                           "props": "caption-side: top; text-align: left;"}])
-    return styler
+    if caption:
+        styler = styler.set_caption(html.escape(caption)).set_table_styles(
+            [{"selector": "caption", "props": "caption-side: top; text-align: left;"}])
+    text = frame.map(cell).to_string(index=rows)
+    return Shown("\n".join(filter(None, [caption, text])), styler.to_html())
 
 
 def written(paths: Sequence[Path]) -> None:
@@ -58,14 +61,15 @@ def relative(path: Path) -> str:
         return str(path)
 
 
-class _Text:
-    """A line of text that displays as itself (not as a quoted string)."""
+class Shown:
+    """What a cell displays: `html` in a notebook and the report, `text` where only text shows
+    (a terminal, papermill's log)."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str, html_: str):
+        self.text, self.html = text, html_
 
     def __repr__(self) -> str:
         return self.text
 
     def _repr_html_(self) -> str:
-        return f"<p>{html.escape(self.text)}</p>"
+        return self.html
