@@ -8,13 +8,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kit import io as kio
 from kit.config.paths import input_path
-from kit.data import csv_reader, readers
+from kit.data import readers
 from kit.config.run_config import RunConfig
-from kit.data.folds import assign_folds
 from kit.config.tasks import TaskData, csv_task
 
 
@@ -49,6 +47,9 @@ def load_csv(csv: CsvSource, n_folds: int, fold: int, seed: int) -> TaskData:
     seed of a grid validates on the same rows and one seed's k runs give out-of-fold
     predictions for every row. A `csv.test_path` file is the test split (its ids from
     `csv.id_column`): submission.csv."""
+    # pandas (the reader's, the folds') only for a CSV task: every run imports this module
+    from kit.data import csv_reader
+    from kit.data.folds import assign_folds
     if csv.target:
         split, labels = csv_reader.read_csv_split(csv.path, csv.text_columns, csv.target,
                                                   csv.regression, csv.fold_column or None)
@@ -82,6 +83,7 @@ def load_csv(csv: CsvSource, n_folds: int, fold: int, seed: int) -> TaskData:
 def write_csv_submission(path: str | os.PathLike, ids: Sequence[str], predictions: Sequence,
                          id_column: str, target: str) -> Path:
     """`id_column,target` with one row per test id, in the given order, written atomically."""
+    import pandas as pd
     path = Path(path)
     frame = pd.DataFrame({id_column: list(ids), target: list(predictions)})
     kio.write_text(path, frame.to_csv(index=False))

@@ -5,13 +5,15 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterator
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kit import io as kio
 import kit.runs.arrays as arrays
 from kit.config.paths import outputs_root
 from kit.config.run_config import RunConfig
+
+if TYPE_CHECKING:         # pandas is imported where a frame is read: a run's process spares it
+    import pandas as pd
 
 read_json = kio.read_json     # a JSON object from disk, or a one-line ValueError naming the file
 
@@ -181,6 +183,7 @@ def notebook_error(run_dir: str | Path) -> str | None:
 
 def read_history(run_dir: str | Path) -> pd.DataFrame | None:
     """history.csv (step, epoch, wall_s, loss terms, lr), None before the first logged step."""
+    import pandas as pd
     path = history_path(run_dir)
     return pd.read_csv(path) if path.exists() else None
 
@@ -191,6 +194,7 @@ def read_dev_predictions(run_dir: str | Path, epoch: int | None = None) -> pd.Da
     path = dev_predictions_path(run_dir, epoch)
     if not path.exists():
         return None
+    import pandas as pd
     return pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, quoting=csv.QUOTE_NONE)
 
 

@@ -24,7 +24,6 @@ import os
 import sys
 from datetime import datetime
 
-import pandas as pd
 from tqdm import tqdm as terminal_tqdm
 
 from kit.train.metrics import flatten_metrics
@@ -216,6 +215,7 @@ class EpochTable:
         self.show()
 
     def html(self) -> str:
+        import pandas as pd     # only where a notebook shows the table: a run's process spares it
         frame = pd.DataFrame(self.rows)
         frame["best"] = ["★" if i == self.best else "" for i in range(len(frame))]
         frame["epoch"] = [f"{epoch_number(e)}/{self.epochs}" for e in frame["epoch"]]
