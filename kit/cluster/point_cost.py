@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kit.cluster import costs
 from kit.config.run_config import RunConfig
-from kit.methods.guiding import guided
+from kit.config.rules import guided
 
 
 def label(cfg: RunConfig) -> str:

@@ -211,3 +211,9 @@ def first_problem(cfg) -> str | None:
         if problem:
             return problem
     return None
+
+
+def guided(loss_type: str) -> bool:
+    """Whether a run's loss reads attention maps (any loss_type but the task's alone): its
+    encoder then runs eager attention and returns them (a run's model and the plan's probe)."""
+    return loss_type != "task"

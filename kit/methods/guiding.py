@@ -22,12 +22,6 @@ LOSS_TYPES = ("task", "task+pd", "task+ad", "task+both")
 REDUCTIONS = ("query", "key")
 
 
-def guided(loss_type: str) -> bool:
-    """Whether a run's loss reads attention maps (any loss_type but the task's alone): its
-    encoder then runs eager attention and returns them (a run's model and the plan's probe)."""
-    return loss_type != "task"
-
-
 def head_vectors(attentions, attention_mask: torch.Tensor,
                  reduction: str = "query") -> torch.Tensor:
     """Reduce every head's [T, T] map to a T-vector: [batch, layers * heads, T], float32.

@@ -26,7 +26,8 @@ from kit.models.backbones import load_backbone
 from kit.config.run_config import MULTITASK_METHODS, ConfigError, RunConfig
 from kit.data.csv_data import write_csv_submission
 from kit.data.pipeline import encode, length_grouped_batches, load_task_data, random_batches
-from kit.methods.guiding import guided, guiding_loss
+from kit.config.rules import guided
+from kit.methods.guiding import guiding_loss
 from kit.methods.bert import HeadSpec, SequenceModel, load_trained, target_loss
 from kit.methods.ssa_heads import ssa_loss
 from kit.train.multitask import MultiTask

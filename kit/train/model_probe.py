@@ -12,7 +12,7 @@ import torch
 
 from kit import methods
 from kit.config.run_config import RunConfig
-from kit.methods.guiding import guided
+from kit.config.rules import guided
 from kit.train.finetune import run_loss, single_task_model
 from kit.train.speed_probe import random_batch, stepper, sync_device, time_steps
 
