@@ -133,8 +133,8 @@ def batch_kernel(monkeypatch, warm_kernels):
 # hands each worker a contiguous half and then steals, so a long test that starts late decides
 # the suite's end (longest-first scheduling). Seconds in the suite on 2 avx512_bf16 cores.
 LONGEST = ("test_jupyterlab.py::test_every_notebook_runs_in_jupyterlab",        # ~90 s
-           "test_slurm.py::test_the_cluster_recipe",                            # ~85 s
-           "test_slurm.py::test_a_preempted_array_task",                        # ~80 s
+           "test_slurm.py::test_the_cluster_recipe",                            # ~50 s
+           "test_slurm.py::test_a_preempted_array_task",                        # ~40 s
            "test_distributed.py::test_ssa_h_on_two_nodes_and_pretraining",      # ~45 s
            "test_distributed.py::test_a_signal_to_one_rank",                    # ~40 s
            "test_notebook_matrix.py::test_each_notebook_shows_the_runs_or_says_there_are_none[demo]",

@@ -7,6 +7,7 @@ after submission, one task preempted mid-epoch: requeued and resumed to the run 
 been, every point of the grid as submitted run once."""
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -402,13 +403,29 @@ def _start_scheduler() -> tuple[str | None, bool]:
     return None, "SLURM up" in done.stdout         # silent when everything was running
 
 
+def _shared_folder(tmp_path_factory) -> Path:
+    """A folder of this test run that all its pytest-xdist workers share (each worker's basetemp
+    is a folder in it); without xdist, the run's own basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster():
+def slurm_cluster(tmp_path_factory):
     """A one-node SLURM on this machine, started by tests/slurm/start-cluster.sh if it is not
-    running, and stopped again at the session's end if it was started here (SSA_KIT_KEEP_SLURM=1
-    keeps it: a test of the next run finds it up). Missing, it skips the test, except in CI
-    (CI=true), where it fails."""
-    why, started = _start_scheduler()
+    running, and stopped again when the last test worker using it ends, if a worker of this run
+    started it (SSA_KIT_KEEP_SLURM=1 keeps it: a test of the next run finds it up). Workers
+    (pytest -n 2) take turns through a lock and count their users in a file beside it, so that
+    two never start daemons at once and none stops them under another's jobs. Missing, it skips
+    the test, except in CI (CI=true), where it fails."""
+    from filelock import FileLock
+    folder = _shared_folder(tmp_path_factory)
+    lock, users = FileLock(folder / "slurm.lock"), folder / "slurm-users.json"
+    with lock:
+        state = json.loads(users.read_text()) if users.exists() else {"users": 0, "started": False}
+        why, started = _start_scheduler()
+        state = {"users": state["users"] + 1, "started": state["started"] or started}
+        users.write_text(json.dumps(state))
     try:
         if why and os.environ.get("CI") == "true":
             pytest.fail(why)
@@ -416,16 +433,21 @@ def slurm_cluster():
             pytest.skip(why)
         yield
     finally:
-        if started and os.environ.get(KEEP) != "1":
-            subprocess.run([str(START), "--stop"], capture_output=True, timeout=120)
+        with lock:
+            state = json.loads(users.read_text())
+            state["users"] -= 1
+            if state["users"] == 0 and state["started"] and os.environ.get(KEEP) != "1":
+                subprocess.run([str(START), "--stop"], capture_output=True, timeout=120)
+                state["started"] = False
+            users.write_text(json.dumps(state))
 
 
-def _wait(condition, timeout: float, what: str) -> float:
-    """Poll `condition` until it holds; returns when it did (time.monotonic())."""
+def _wait(condition, timeout: float, what: str, every: float = 0.05) -> float:
+    """Poll `condition` every `every` s until it holds; returns when it did (time.monotonic())."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {timeout:.0f}s"
-        time.sleep(0.05)
+        time.sleep(every)
     return time.monotonic()
 
 
@@ -485,16 +507,21 @@ def test_a_preempted_array_task_is_requeued_and_resumes_to_the_uninterrupted_run
         {**grid, "method": "ssa-h", "seed": 1}, *reversed(smoke["grid"])]}))
     logs = [array_out / "slurm" / f"slurm-smoke-{job}_{i}.log" for i in (0, 1)]
     try:
-        # a checkpoint inside epoch 2 (0-based 1) exists: bert is 2 steps into it, 74 to go
-        _wait(lambda: epoch_dir(bert, 1).is_dir() or not _queued(job), 300, "bert's epoch 2")
+        # a checkpoint inside epoch 2 (0-based 1) exists: bert is 2 steps into it, 74 to go.
+        # The folder is looked for every 0.05 s, the queue (a process and a request to
+        # slurmctld, on the cores the tasks run on) every 0.5 s
+        polls = itertools.count(1)
+        _wait(lambda: epoch_dir(bert, 1).is_dir() or (next(polls) % 10 == 0 and not _queued(job)),
+              300, "bert's epoch 2")
         assert _queued(job), _read(logs[1])
         subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_1"], check=True)
-        _wait(lambda: not _queued(job), 300, "the array's end")
+        # the resumed point without SLURM, uninterrupted, in this worker's warm kernel (one
+        # thread, as the tasks' kernels: the same float sums), while task 1 stops, waits to be
+        # requeued and starts again
+        assert batch.run_profile(str(resumed_alone), outputs_dir=str(plain_out)) == 0
+        _wait(lambda: not _queued(job), 300, "the array's end", every=0.25)
     finally:                                        # nothing left running after a failure
         subprocess.run(["scancel", job], capture_output=True)
-    # the resumed point without SLURM, uninterrupted, in this worker's warm kernel (one thread,
-    # as the tasks' kernels: the same float sums)
-    assert batch.run_profile(str(resumed_alone), outputs_dir=str(plain_out)) == 0
 
     other, preempted = _read(logs[0]), _read(logs[1])
     for log in (preempted, other):                  # each task's last start ended well
@@ -555,6 +582,15 @@ def recipe_profile(folder: Path, model: str) -> Path:
     return path
 
 
+# `./run_all.sh plan` (python -m kit.plan) with its batch probe (kit.cluster.overhead: a
+# kernel, two runs and a report, half a minute on a busy 2-core machine; test_plan.py runs it)
+# given: the recipe's plan probes its own points, and slurm takes --time from what it saves
+PLAN_WITHOUT_BATCH_PROBE = (
+    "import sys; from kit import plan; "
+    "plan.batch_probe = lambda: plan.NOT_PROBED; "
+    "sys.exit(plan.main(sys.argv[1:]))")
+
+
 def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
     """docs/cluster.md's opening recipe on the one-node SLURM: setup -> fetch (the hub faked:
     RTE and MRPC into a GLUE folder, a tiny model into a fresh HF cache) -> plan -> slurm of
@@ -578,24 +614,27 @@ def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
                                                                               weights=True))) == 0
     profile = recipe_profile(tmp_path, model)
     only = ["--only", "task=RTE,MRPC"]
-    planned = subprocess.run([sys.executable, "-m", "kit.plan", str(profile), *only, "--json",
-                              "--budget", "0.3", "--outputs", str(outputs)], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=300)
+    planned = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_BATCH_PROBE, str(profile),
+                              *only, "--json", "--budget", "0.3", "--outputs", str(outputs)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
     assert sorted(p["label"] for p in plan["points"]) == [
         "MRPC bert s0", "MRPC ssa-h s0", "RTE bert s0", "RTE ssa-h s0"]
     assert {p["data"] for p in plan["points"]} == {str(glue)}
+    # one CPU a task, not the plan's every CPU of this machine: their runs take one thread
+    # (OMP_NUM_THREADS=1), and the test node (each CPU shared by up to 4 jobs: start-cluster.sh)
+    # then runs all four at once, beside the other test's array
     submitted = subprocess.run([sys.executable, "-m", "kit.slurm", str(profile), *only,
-                                "--outputs", str(outputs)], cwd=REPO, env=env,
-                               capture_output=True, text=True, timeout=300)
+                                "--cpus-per-task", "1", "--outputs", str(outputs)], cwd=REPO,
+                               env=env, capture_output=True, text=True, timeout=300)
     assert submitted.returncode == 0, submitted.stderr
     # the plan above was saved for this grid: slurm takes its --time, no second probing
     assert re.search(r"^--time \S+: from the plan saved at \S+/plans/paper-base-\w+\.json \(",
                      submitted.stdout, re.M), submitted.stdout
     job = re.search(r"submitted job array (\d+): 4 task\(s\)", submitted.stdout)[1]
     try:
-        _wait(lambda: not _queued(job), 600, "the array's end")
+        _wait(lambda: not _queued(job), 600, "the array's end", every=0.25)
     finally:
         subprocess.run(["scancel", job], capture_output=True)
     ids = sorted(p["run_id"] for p in plan["points"])

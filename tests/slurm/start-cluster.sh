@@ -67,7 +67,10 @@ MinJobAge=2
 ReturnToService=2
 KillWait=30
 $node NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# each CPU taken by up to 4 jobs at once (no gang scheduling: the kernel shares the cores out):
+# the small tasks of the tests, mostly start-up, run together instead of waiting in the queue
+# for a CPU of a 2-core machine, and one test's requeued task does not wait for another's array
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 }
 
