@@ -135,7 +135,7 @@ def batch_kernel(monkeypatch, warm_kernels):
 LONGEST = ("test_jupyterlab.py::test_every_notebook_runs_in_jupyterlab",        # ~90 s
            "test_slurm.py::test_the_cluster_recipe",                            # ~50 s
            "test_slurm.py::test_a_preempted_array_task",                        # ~40 s
-           "test_distributed.py::test_ssa_h_on_two_nodes_and_pretraining",      # ~45 s
+           # the first of the four tests on its module's SSA-H fixture: it runs the launches
            "test_distributed.py::test_a_signal_to_one_rank",                    # ~40 s
            "test_notebook_matrix.py::test_each_notebook_shows_the_runs_or_says_there_are_none[demo]",
            "test_train.py::test_ssa_labels_find_the_cue_tokens",                # ~20 s
@@ -150,7 +150,7 @@ LONGEST = ("test_jupyterlab.py::test_every_notebook_runs_in_jupyterlab",        
            "test_batch.py::test_smoke_profile_end_to_end_then_skip_and_retry",  # ~13 s
            "test_notebook_matrix.py::test_each_notebook_shows_the_runs_or_says_there_are_none[smoke]",
            "test_reliability.py::test_sigkill_mid_epoch_then_resume",           # ~11 s
-           "test_distributed.py::test_other_method_families_train_on_two_processes")  # ~10 s
+           "test_distributed.py::test_other_method_families_train_on_two_processes")  # ~12 s
 
 
 # The other-class lane (.ci/run; docs/usage.md): the suite again with SSA_KIT_CPU_BF16 set to the
