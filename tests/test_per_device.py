@@ -83,7 +83,8 @@ def test_two_points_at_once_give_the_serial_metrics_and_a_rerun_skips_them(
     assert batch.main([str(profile), "--outputs", str(out), "--per-device", "2",
                        "--no-report"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith(", 2 points at once") and "4 ok, 0 skipped, 0 failed" in lines[-1]
+    assert ", 2 points at once; CUDA graphs: 0 of 4 points" in lines[0]
+    assert "4 ok, 0 skipped, 0 failed" in lines[-1]
     assert sum(": started" in line for line in lines) == 4
     assert len({pid for pid, _, _ in spans}) == 2          # two kernels ...
     assert any(a[1] < b[2] and b[1] < a[2] for a in spans for b in spans if a[0] != b[0])  # at once
