@@ -44,7 +44,8 @@ def pytest_run(tmp_path: Path, body: str, *args: str) -> tuple[subprocess.Comple
     log = tmp_path / "out" / "failures.txt"
     done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p",
                            "no:cacheprovider", "-p", "no:randomly", "-p", "bench.failure_log",
-                           "--failure-log", str(log), *args, str(tmp_path / "test_generated.py")],
+                           "--failure-log", str(log), "--rootdir", str(tmp_path), *args,
+                           str(tmp_path / "test_generated.py")],
                           cwd=REPO, env={**os.environ, "FAILURE_LOG": str(log)},
                           capture_output=True, text=True, timeout=300)
     return done, log.read_text()
