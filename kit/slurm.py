@@ -224,6 +224,9 @@ def planned_time(result: dict, whence: str, args: argparse.Namespace,
                   f"{plan.MARGIN_TEXT}); --time T overrides it")
 
 
+GPU_TASK_CPUS = 8
+
+
 def resources(result: dict | None, whence: str, args: argparse.Namespace, per_device: int,
               extra: list[str]) -> tuple[str | None, str]:
     """--mem from the plan (None: none, or an --sbatch '--mem...' given) and --cpus-per-task
@@ -242,9 +245,14 @@ def resources(result: dict | None, whence: str, args: argparse.Namespace, per_de
         parts.append(f"--mem {mem} (a point's peak memory{at_once}, x{plan.MARGIN} + 2 GiB, "
                      "at least 4)")
     if "threads" in result and args.cpus_per_task is None:
-        args.cpus_per_task = result["threads"] * workers
+        # beside a GPU a point's host work (batches, launches) needs a few cores: a GPU node's
+        # plan times on all of its cores, and asking for them all would run one task a node
+        capped = bool(args.gpus_per_task) and result["threads"] > GPU_TASK_CPUS
+        args.cpus_per_task = min(result["threads"], GPU_TASK_CPUS) * workers if capped else (
+            result["threads"] * workers)
+        cap = f", at most {GPU_TASK_CPUS} beside a GPU" if capped else ""
         parts.append(f"--cpus-per-task {args.cpus_per_task} (the threads a point was timed "
-                     f"on{at_once})")
+                     f"on{cap}{at_once})")
     return mem, (f"{', '.join(parts)}: from {whence}); --sbatch '--mem=M' and --cpus-per-task "
                  "C override them" if parts else "")
 

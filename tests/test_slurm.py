@@ -748,6 +748,18 @@ def test_the_plans_memory_and_cpus_reach_the_script(tmp_path, options, lines):
     assert sbatch_lines(done.stdout, "--cpus-per-task", "--mem") == lines
 
 
+@pytest.mark.parametrize("options,cpus", [([], 8), (["--processes", "2"], 16)])
+def test_a_gpu_nodes_plan_asks_for_a_few_cores_a_point_not_the_nodes(tmp_path, options, cpus):
+    """A plan made on a 64-core GPU node timed its probes on 64 threads: a GPU task asks for
+    at most 8 a point, or the array would run one task a node."""
+    out = tmp_path / "out"
+    saved_plan(out, "smoke", {"seconds": 60.0}, threads=64, probes=[PROBE])
+    done = dry_run("smoke", "--gpus-per-task", "1", *options, "--dry-run", outputs=out)
+    assert done.returncode == 0, done.stderr
+    assert sbatch_lines(done.stdout, "--cpus-per-task") == [f"#SBATCH --cpus-per-task={cpus}"]
+    assert "(the threads a point was timed on, at most 8 beside a GPU" in done.stdout
+
+
 def test_the_line_says_where_memory_and_cpus_came_from_and_k_points_count(tmp_path):
     """A CPU plan of a profile running 2 points at once (per_device: 2): each point's peak
     (3 GiB) and its threads, twice."""
