@@ -214,3 +214,25 @@ def test_one_run_from_the_command_line_is_blocked_by_a_source_that_did_not_end_o
     argv = [f"{k}={v}" for k, v in point.items()]
     assert run.main(argv) == 1 and trained == []
     assert ": blocked (source elsewhere: failed)" in capsys.readouterr().out
+
+
+def test_a_blocked_rerun_keeps_the_finished_runs_record(tmp_path, capsys):
+    """`rerun: true` of a finished point whose source outside the batch failed: blocked, and
+    the finished run's metrics.json stays as it was (a block never replaces a finished run)."""
+    folder = tmp_path / "runs" / "elsewhere"
+    (folder / "ssa_labels").mkdir(parents=True)
+    (folder / "metrics.json").write_text('{"status": "failed", "error": "non-finite loss"}')
+    point = {**LABELLED, "method": "ssa-co", "reuse_labels_from": str(folder),
+             "outputs_dir": str(tmp_path)}
+    done = run_dir_of(RunConfig.from_dict(point))
+    done.mkdir(parents=True)
+    record = json.dumps({"status": "ok", "best_dev": {"score": 0.75}})
+    (done / "metrics.json").write_text(record)
+    point = {**point, "rerun": True}
+    ran = []
+    work = pool.Batch(Profile("p", tmp_path / "p.yaml", None, [point], False), [point], {},
+                      lambda point, kernels: (ran.append(point), ("ok", ""))[1])
+    assert pool.run_all(work, None, per_device=1, fresh=False, lock_wait_s=0)
+    assert ran == [] and work.counts["blocked"] == 1
+    assert ": blocked (source elsewhere: failed" in capsys.readouterr().out
+    assert (done / "metrics.json").read_text() == record

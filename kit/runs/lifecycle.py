@@ -130,10 +130,10 @@ def record_blocked(cfg: RunConfig, why: str, source: str) -> bool:
     when that source (run id `source`) did not finish ok: status failed, error `blocked (why)`,
     `blocked_by` the source; it never trained, so every reader counts it failed and a rerun
     tries it again after its source. False (nothing written) when another process holds the
-    run."""
+    run. A finished run (a `rerun` of it blocked) keeps its record: a block never replaces it."""
     make_run_dir(cfg)
     with lock(cfg) as got:
-        if got:
+        if got and finished_metrics(cfg) is None:
             kio.write_json(metrics_path(run_dir_of(cfg)), {
                 **base_record(cfg), "status": "failed", "error": f"blocked ({why})",
                 "blocked_by": source})
