@@ -8,6 +8,7 @@ machine).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import warnings
@@ -56,14 +57,18 @@ MAX_PERMUTATIONS = 200_000
 GAP_TOLERANCE = 1e-9
 
 
+@functools.lru_cache(maxsize=16)   # a table tests many comparisons of the same seed counts
 def _splits(n: int, k: int) -> tuple[np.ndarray, bool]:
     """Row per split: the indices of its group of k out of n pooled samples. Every one of the
     C(n, k) splits (True: exact) when there are at most MAX_PERMUTATIONS, else that many seeded
     draws (False)."""
-    if math.comb(n, k) <= MAX_PERMUTATIONS:
-        return np.array(list(itertools.combinations(range(n), k))), True
-    draws = np.random.default_rng(0).random((MAX_PERMUTATIONS, n))
-    return np.argsort(draws, axis=1)[:, :k], False
+    exact = math.comb(n, k) <= MAX_PERMUTATIONS
+    if exact:
+        groups = np.array(list(itertools.combinations(range(n), k)))
+    else:
+        groups = np.argsort(np.random.default_rng(0).random((MAX_PERMUTATIONS, n)), axis=1)[:, :k]
+    groups.setflags(write=False)          # shared between calls through the cache
+    return groups, exact
 
 
 def permutation_test(a, b) -> float:
