@@ -248,8 +248,7 @@ def resources(result: dict | None, whence: str, args: argparse.Namespace, per_de
         # beside a GPU a point's host work (batches, launches) needs a few cores: a GPU node's
         # plan times on all of its cores, and asking for them all would run one task a node
         capped = bool(args.gpus_per_task) and result["threads"] > GPU_TASK_CPUS
-        args.cpus_per_task = min(result["threads"], GPU_TASK_CPUS) * workers if capped else (
-            result["threads"] * workers)
+        args.cpus_per_task = (GPU_TASK_CPUS if capped else result["threads"]) * workers
         cap = f", at most {GPU_TASK_CPUS} beside a GPU" if capped else ""
         parts.append(f"--cpus-per-task {args.cpus_per_task} (the threads a point was timed "
                      f"on{cap}{at_once})")

@@ -169,7 +169,7 @@ def pretrain_problem(cfg) -> str | None:
     if cfg.n_folds:
         return ("parameter 'n_folds': method 'mlm' holds out a seeded 20% of a CSV's rows; "
                 "folds are for fine-tuning")
-    if cfg.guide_loss != "task":
+    if guided(cfg.guide_loss):
         return (f"parameter 'guide_loss': {cfg.guide_loss!r} guides a fine-tuning run, "
                 "not method 'mlm'")
     return None

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from kit.config.rules import guided
+
 # cuda_graphs: auto's threshold. Measured on one H200 (bench/gpu.sh, BERT-base, bf16, SST-2,
 # batch 32; docs/benchmarks.md): 20.2 steps/s eager, 65.3 with graphs, after 72 s of compilation
 # on 16 host cores: break-even at ~2,100 steps. Twice that, for hosts that compile slower.
@@ -81,8 +83,8 @@ def decide_graphs(requested: str, device: str, steps: int | None, method: str,
         return False, f"CUDA graphs need a CUDA GPU; this run trains on {device}"
     if length_buckets == "off":
         return False, "length_buckets: off was asked, and graphs replay one per length bucket"
-    if guide_loss != "task" or compile:
-        why = "attention guiding" if guide_loss != "task" else "compile: true"
+    if guided(guide_loss) or compile:
+        why = "attention guiding" if guided(guide_loss) else "compile: true"
         return False, f"{why} has not met the graphs on a GPU"
     row = verified(method, grad_accum, processes)
     if row is None:

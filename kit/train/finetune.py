@@ -131,7 +131,7 @@ class SingleTask(Job):
 def single_task_model(cfg: RunConfig, backbone, num_labels: int,
                       labels: list[str] | None = None) -> SequenceModel:
     """The model a single-task run trains: `backbone` (loaded with eager attention where the
-    loss reads its maps: kit.methods.guiding.guided) and the heads of its method's registry row
+    loss reads its maps: kit.config.rules.guided) and the heads of its method's registry row
     (kit.methods.bert: SSA's token head, SSA-H's token mix). The plan's probe builds it too."""
     return SequenceModel(backbone, HeadSpec(
         num_labels=num_labels, method=cfg.method, beta=cfg.beta,
