@@ -121,9 +121,8 @@ def run_point(params: dict, notebook: str | None = None) -> tuple[str, str, RunC
         return "skipped", "finished earlier", cfg
     preflight(profile, [params])
     if cfg.reuse_labels_from:        # as a batch blocks it: only a run that ended ok vouches
-        source = input_path(cfg.reuse_labels_from)
-        if (status := runs.source_status(source)) != "ok":
-            return "blocked", f"source {source.name}: {status}", cfg
+        if (why := runs.blocked_source(input_path(cfg.reuse_labels_from))) is not None:
+            return "blocked", why, cfg
     prepare_kernels()
     with forwarding_signals():     # a signal: the run stops with a checkpoint (exit 75)
         status, detail = execute(profile, params)

@@ -176,7 +176,7 @@ def test_only_the_reader_blocks_on_a_source_outside_the_batch(tmp_path, monkeypa
 def test_a_source_outside_the_batch_that_did_not_end_ok_blocks_its_reader(tmp_path, capsys,
                                                                           files, status):
     """Running or killed, preempted, blocked itself, a record that cannot be read: only an ok
-    source vouches for its saved labels (kit.runs.source_status)."""
+    source vouches for its saved labels (kit.runs.blocked_source)."""
     folder = tmp_path / "runs" / "elsewhere"
     (folder / "ssa_labels").mkdir(parents=True)
     (folder / "ssa_labels" / "epoch1.safetensors").write_bytes(b"")

@@ -30,7 +30,7 @@ from kit.cluster.signals import FORWARD
 from kit.config.grids import chains, outside_sources, point_label, sources
 from kit.config.profiles import Profile
 from kit.config.run_config import ConfigError, RunConfig
-from kit.runs import finished_metrics, record_blocked, source_status
+from kit.runs import blocked_source, finished_metrics, record_blocked
 
 LOCK_POLL_S = 2.0       # how often a batch looks again at the points another batch holds
 Unit = list[tuple[int, dict]]       # points (numbered 1.. in the batch's order) one slot runs
@@ -131,9 +131,8 @@ class Batch:
                 return "held", f"its source {source.run_id} is held by another batch"
             return _blocked(cfg, f"source {point_label(source.to_dict())} "
                                  f"{SOURCE_WHY.get(status, status)}", source.run_id)
-        if i in self.outside and (status := source_status(self.outside[i])) != "ok":
-            folder = self.outside[i]
-            return _blocked(cfg, f"source {folder.name}: {status}", folder.name)
+        if i in self.outside and (why := blocked_source(self.outside[i])) is not None:
+            return _blocked(cfg, why, self.outside[i].name)
         return None
 
     def _say(self, line: str) -> None:

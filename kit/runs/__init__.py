@@ -26,14 +26,14 @@ processes from training one config at once. `from kit.runs import X` reaches eve
 from kit.runs.lifecycle import (KEPT, RunLocked, RunPreempted, aside_line, base_record,
                             begin, end_rerun, lock, record_blocked, record_failed,
                             record_resolved, run_recorded)
-from kit.runs.read import (best_checkpoint, checkpoint_dir, config_path,
+from kit.runs.read import (best_checkpoint, blocked_source, checkpoint_dir, config_path,
                            dev_predictions_path, finished_metrics, history_path, metrics_path,
                            metrics_stamp, notebook_error, notebook_path, notebook_span,
                            predictions_dir,
                            previous_dir, read_config, read_dev_predictions, read_history,
                            read_json, read_metrics, read_saved_epoch, read_saved_labels,
                            readable_metrics, run_dir_of, run_folders, run_started, runs_root,
-                           saved_label_epochs, saved_labels_dir, saved_labels_path, source_status)
+                           saved_label_epochs, saved_labels_dir, saved_labels_path)
 from kit.runs.write import (label_text, make_run_dir, write_dev_predictions,
                             write_history, write_saved_labels, write_test_predictions)
 
@@ -46,6 +46,6 @@ __all__ = [
     "read_json", "read_metrics", "read_saved_epoch", "read_saved_labels", "readable_metrics",
     "record_blocked", "record_failed", "record_resolved", "run_dir_of", "run_folders", "run_recorded", "run_started", "RunLocked",
     "RunPreempted", "runs_root", "saved_label_epochs", "saved_labels_dir", "saved_labels_path",
-    "source_status",
+    "blocked_source",
     "write_dev_predictions", "write_history", "write_saved_labels", "write_test_predictions",
 ]

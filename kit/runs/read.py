@@ -141,6 +141,13 @@ def source_status(run_dir: str | Path) -> str:
     return str(status)
 
 
+def blocked_source(folder: Path) -> str | None:
+    """`source NAME: status` where the run in `folder` did not end ok (a reader of its output is
+    blocked by it), else None."""
+    status = source_status(folder)
+    return None if status == "ok" else f"source {folder.name}: {status}"
+
+
 def finished_metrics(cfg: RunConfig) -> dict | None:
     """The metrics of an earlier run of this exact config that ended ok, if any."""
     done = readable_metrics(run_dir_of(cfg))
