@@ -65,12 +65,13 @@ class Progress:
     resumed_at: dict | None = None
     written_on: dict | None = None     # `hardware` of the run that wrote the checkpoint
     # what this run resolved its cuda_graphs and length_buckets to (kit.models.regional_compile.
-    # resolve_graphs): written into the record with its hardware, and checked on resume
+    # resolve_graphs): written into the record with its hardware (written_on, its one copy in a
+    # checkpoint), checked on resume and never taken from it: this run's own stands
     resolved: dict = field(default_factory=dict)
     other_hardware: list = field(default_factory=list)   # a line per resume on other hardware
 
     def load(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({k: v for k, v in state.items() if k != "resolved"})
 
 
 @dataclass
@@ -142,7 +143,8 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     accelerator.wait_for_everyone()        # every rank's RNG file is in
     if main:
         progress.written_on = {**khw.hardware(accelerator), **progress.resolved}
-        kio.write_json(tmp / PROGRESS, asdict(progress))
+        kio.write_json(tmp / PROGRESS, {k: v for k, v in asdict(progress).items()
+                                        if k != "resolved"})
         last = checkpoint_dir(run_dir) / "last"     # .old: what resume reads after a kill
         kio.swap_in(tmp, last, last.with_name("last.old"))
     accelerator.wait_for_everyone()        # the other ranks may read the checkpoint next
