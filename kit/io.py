@@ -118,9 +118,10 @@ def atomic_dir(path: str | Path):
 @contextmanager
 def files_into(path: str | Path):
     """Yield a temporary folder beside `path` to fill with new files; on success they join
-    `path`, on error none does. An absent `path` becomes the filled folder (one rename); else
-    each file is moved in (os.replace) once all are written, and the files `path` holds under
-    other names are never touched."""
+    `path`, on an error while filling none does. An absent `path` becomes the filled folder (one
+    rename); else each file is moved in (os.replace) once all are written - a failure between
+    two of those renames leaves the files moved so far, each whole - and the files `path` holds
+    under other names are never touched."""
     path = Path(path)
     tmp = _dir_beside(path)
     try:
