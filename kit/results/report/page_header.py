@@ -217,7 +217,7 @@ def _description(profile: Profile) -> str:
 def _table(profile: Profile, title: str, table: pd.DataFrame) -> dict:
     """The main table for the template: pandas' HTML (escaped by pandas), its caption and CSV."""
     named = table if isinstance(table.index, pd.RangeIndex) else table.reset_index()
-    text = named.map(show.cell).rename(columns=str)
+    text = named.map(writers.cell).rename(columns=str)
     return {"title": title, "caption": table.attrs.get("caption", ""),
             "csv": f"{writers.table_stem(profile.name, title)}.csv",
             "html": Markup(text.to_html(index=False, table_id="kit-main-table", escape=True,

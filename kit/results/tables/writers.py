@@ -12,14 +12,17 @@ from kit import io as kio
 from kit.config.paths import outputs_root, project_path
 
 
-def _markdown_cell(value) -> str:
-    """A table value as markdown text: blank when missing, floats to 6 significant digits,
-    "|" escaped (it would split the cell)."""
-    if pd.isna(value):
+def cell(value) -> str:
+    """A table value as text, as the tables show it (markdown, the report, the notebooks):
+    blank when missing, floats to 6 significant digits."""
+    if not isinstance(value, (list, tuple, dict)) and pd.isna(value):
         return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _markdown_cell(value) -> str:
+    """`cell` as markdown text: "|" escaped (it would split the cell), one line."""
+    return cell(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _markdown(frame: pd.DataFrame) -> str:

@@ -14,13 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-
-def cell(value) -> str:
-    """A table value as text, as the markdown tables show it: blank when missing, floats to 6
-    significant digits (the report's main table uses it too)."""
-    if not isinstance(value, (list, tuple, dict)) and pd.isna(value):
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
+from kit.results.tables.writers import cell
 
 
 def table(frame: pd.DataFrame, caption: str | None = None, empty: str = "(none)") -> Shown:
