@@ -383,6 +383,32 @@ def test_warm_kernels_start_with_the_environment_they_are_given(tmp_path, run_no
         Kernels(fresh=True, env={"OMP_NUM_THREADS": "1"})
 
 
+def test_a_notebook_with_nothing_to_show_keeps_its_kernel_any_other_error_replaces_it(
+        tmp_path, warm_kernels):
+    """NoRuns (a results notebook's "nothing to show", raised before any work) leaves the warm
+    kernel running, reset for the next notebook; any other error takes the kernel with it."""
+    import nbformat
+    import papermill
+
+    def run(code: str) -> str:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        nbformat.write(nb, tmp_path / "in.ipynb")
+        warm_kernels.execute(tmp_path / "in.ipynb", tmp_path / "out.ipynb", {}, stderr_file=None)
+        return nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].outputs[-1]["text"]
+
+    pid = run("import os; print(os.getpid())")
+    for error in ("from kit.results.frame.no_runs import NoRuns; raise NoRuns('none here')",
+                  "raise ValueError('broken')"):
+        with pytest.raises(papermill.PapermillExecutionError):
+            run(f"leftover = 1\n{error}")
+        if "NoRuns" in error:      # the same kernel, its namespace reset
+            same = run("import os; print(os.getpid(), 'leftover' in dir())")
+            assert same == f"{pid.strip()} False\n"
+    assert run("import os; print(os.getpid())") != pid
+
+
 # ------------------------------------------------ a scheduler's signal at any moment of a batch
 
 TINY = {"task": "synthetic", "model": "tiny", "method": "bert", "synthetic_size": 200,

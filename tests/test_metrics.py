@@ -1,5 +1,6 @@
-"""kit.train.metrics against values worked out by hand and against the metrics' count formulas
-(it calls sklearn / scipy, imported where first needed, so importing a training kernel loads
+"""kit.train.metrics against values worked out by hand, against the metrics' count formulas, and
+against sklearn.metrics, which computed every result before the kit's own count formulas
+(scipy's correlations are imported where first needed, so importing a training kernel loads
 neither)."""
 import math
 import subprocess
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sklearn.metrics import f1_score
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from kit.train.metrics import (accuracy, binary_f1, compute_metrics, evaluate_splits,
                                heldout_epoch, macro_f1, mcc, mse, pearson, reported_metrics,
@@ -141,9 +142,8 @@ def test_heldout_epoch_selects_on_subset_one_and_reports_the_others():
 
 
 # ------------------------------------------------ the kit's metrics on examples worked by hand
-# Each kit.train.metrics function calls sklearn / scipy; what the tests pin is the kit's
-# conventions (class 1 is F1's positive class, zero_division=0, 0.0 for a degenerate MCC), with
-# numbers worked out by hand, not taken from the library that computes them.
+# What the tests pin is the kit's conventions (class 1 is F1's positive class, 0.0 for a class
+# nowhere and for a degenerate MCC), with numbers worked out by hand.
 
 def test_binary_metrics_worked_by_hand():
     # gold 1 1 1 1 0 0 0 0, preds 1 1 1 0 0 0 1 1: TP 3, FN 1, FP 2, TN 2.
@@ -230,6 +230,22 @@ def test_correlations_match_their_definitions(pairs):
     assert spearman(x, y) == pytest.approx(
         plain_pearson(average_ranks(x.tolist()), average_ranks(y.tolist())), abs=1e-12)
     assert mse(y, x) == pytest.approx(float(np.mean((y - x) ** 2)), rel=1e-12)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=60),
+       st.booleans())
+def test_class_metrics_equal_sklearns_to_the_bit(pairs, binary):
+    """The results published before the count formulas came from sklearn: the same numbers."""
+    gold, preds = np.array(pairs).T
+    if binary:
+        gold, preds = gold % 2, preds % 2
+        assert binary_f1(gold, preds) == f1_score(gold, preds, pos_label=1, average="binary",
+                                                  zero_division=0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "A single label was found", UserWarning)
+        assert mcc(gold, preds) == matthews_corrcoef(gold, preds)
+    assert accuracy(gold, preds) == accuracy_score(gold, preds)
+    assert macro_f1(gold, preds) == f1_score(gold, preds, average="macro", zero_division=0)
 
 
 @pytest.mark.parametrize("preds, gold", [

@@ -10,7 +10,8 @@ training. A batch therefore keeps one kernel and runs its points in it one after
   those of a fresh kernel (tests/test_batch.py runs the same points both ways);
 - a point that fails (an error in the notebook, a dead kernel) takes its kernel with it: the next
   point starts a fresh one, so no half-finished state is carried on (a run stopped by a signal
-  ends cleanly: its kernel stays);
+  ends cleanly, and a results notebook's NoRuns is a refusal to read, made before anything:
+  their kernel stays);
 - `fresh=True` (`python -m kit.batch --fresh-kernels`) starts a kernel per notebook, as papermill
   does on its own.
 
@@ -44,6 +45,9 @@ KERNEL_NAME = "python3"
 # modules) is then frozen out of the collector, so that no later collection (the next reset's,
 # the automatic ones while a point runs) walks the millions of objects of torch and
 # transformers again: ~0.2 s of CPU a notebook
+# what a notebook may raise and leave its kernel sound (kit.runs.RunPreempted: a run stopped on a
+# signal, cleanly; kit.results.frame.no_runs.NoRuns: nothing to show, said before any work)
+SOUND_ERRORS = ("RunPreempted", "NoRuns")
 RESET = "get_ipython().run_line_magic('reset', '-f'); __import__('gc').freeze()"
 
 
@@ -114,8 +118,9 @@ class Kernels:
             self._set_busy(True)
             run(km=manager)
         except BaseException as err:
-            # a run that stopped on a signal raised in a sound kernel; anything else: not reused
-            failed = getattr(err, "ename", None) != "RunPreempted"
+            # a run that stopped on a signal, and a results notebook with nothing to show, raised
+            # in a sound kernel; anything else: not reused
+            failed = getattr(err, "ename", None) not in SOUND_ERRORS
             raise
         finally:
             self._set_busy(False)

@@ -4,10 +4,10 @@ Everything here works on plain arrays of predictions and labels, so the training
 report share one definition of every number. Metric values are fractions (0.843, not 84.3);
 tables multiply by 100. The significance tests over seeds are in kit.results.frame.stats.
 
-The metrics are sklearn.metrics' and scipy.stats', imported where first computed, not at import
-time: every kernel (one per batch, kit.cluster.kernels) imports this module, and the two imports
-were 0.9-1.0 s of a 2.7-2.9 s `import kit.train.finetune` (`python -X importtime`, shared loaded
-2-core machine). A run pays them once, at its first evaluation.
+The class metrics are their count formulas on numpy's bincount, not sklearn.metrics: importing
+sklearn took 1.3 s of CPU in each process that evaluates (every kernel and torchrun worker; ~6 s
+for a smoke point's whole process, avx512_bf16 class), and each formula is a line. The
+correlations are scipy.stats', imported where first computed (regression tasks only).
 """
 from __future__ import annotations
 
@@ -33,34 +33,68 @@ def _as_1d(values, what: str) -> np.ndarray:
     return arr
 
 
+def _whole(values: np.ndarray) -> np.ndarray:
+    """Class ids as integers; a fraction (or NaN) is refused: it is no class id."""
+    if values.dtype.kind in "iub":
+        return values.astype(np.int64)
+    if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+        raise ValueError("class ids must be whole numbers; got fractions (regression outputs?)")
+    return values.astype(np.int64)
+
+
+def _counts(gold, preds) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(true counts, predicted counts, true positives) per class of either array, and the rows."""
+    gold, preds = _whole(np.asarray(gold)), _whole(np.asarray(preds))
+    classes, ids = np.unique(np.concatenate([gold, preds]), return_inverse=True)
+    g, p, n = ids[:len(gold)], ids[len(gold):], len(classes)
+    return (np.bincount(g, minlength=n), np.bincount(p, minlength=n),
+            np.bincount(g[g == p], minlength=n), classes)
+
+
 def accuracy(gold, preds) -> float:
-    from sklearn.metrics import accuracy_score
-    return float(accuracy_score(gold, preds))
+    gold, preds = _whole(np.asarray(gold)), _whole(np.asarray(preds))
+    return float(np.mean(gold == preds))
+
+
+def _f1(tp, true, predicted):
+    """2TP / (2TP + FP + FN) per class; 0.0 where a class is in neither array's rows."""
+    denominator = true + predicted
+    return np.divide(2 * tp, denominator, out=np.zeros(len(tp)), where=denominator > 0)
 
 
 def binary_f1(gold, preds) -> float:
-    """F1 of class 1; 0.0, not a warning, for a run that never predicts it (zero_division=0)."""
-    from sklearn.metrics import f1_score
-    return float(f1_score(gold, preds, pos_label=1, average="binary", zero_division=0))
+    """F1 of class 1; 0.0 for a run that never predicts it. Refused (ValueError) where the ids
+    are not a two-class task's with 1 as one of them."""
+    true, predicted, tp, classes = _counts(gold, preds)
+    if len(classes) > 2 or (len(classes) == 2 and 1 not in classes):
+        raise ValueError(f"F1 of class 1 needs two classes, 0 and 1; got {classes.tolist()}")
+    one = classes == 1
+    return float(_f1(tp[one], true[one], predicted[one]).sum())
 
 
 def macro_f1(gold, preds) -> float:
-    from sklearn.metrics import f1_score
-    return float(f1_score(gold, preds, average="macro", zero_division=0))
+    """The mean of every class's F1 (a class of either array counts)."""
+    true, predicted, tp, _ = _counts(gold, preds)
+    return float(np.mean(_f1(tp, true, predicted)))
 
 
 def mcc(gold, preds) -> float:
-    """Matthews correlation; 0.0 when degenerate (one class in gold or predictions)."""
-    from sklearn.metrics import matthews_corrcoef
-    with warnings.catch_warnings():       # one class in all: sklearn warns, then returns 0.0
-        warnings.filterwarnings("ignore", "A single label was found", UserWarning)
-        return float(matthews_corrcoef(gold, preds))
+    """Matthews correlation, K classes (Gorodkin): (c s - sum p t) / sqrt((s^2 - sum p^2)
+    (s^2 - sum t^2)) with c rows right of s, p and t the predicted and true counts per class;
+    0.0 when degenerate (one class in gold or in predictions)."""
+    true, predicted, tp, _ = _counts(gold, preds)
+    s = int(true.sum())
+    covariance = int(tp.sum()) * s - int(true @ predicted)
+    spread = float(s * s - int(predicted @ predicted)) * float(s * s - int(true @ true))
+    return 0.0 if spread == 0 else float(covariance / np.sqrt(spread))
 
 
 def mse(gold, preds) -> float:
-    """Mean squared error; NaN or inf in either array is an error (sklearn's input check)."""
-    from sklearn.metrics import mean_squared_error
-    return float(mean_squared_error(gold, preds))
+    """Mean squared error; NaN or inf in either array is an error."""
+    gold, preds = np.asarray(gold, dtype=np.float64), np.asarray(preds, dtype=np.float64)
+    if not (np.all(np.isfinite(gold)) and np.all(np.isfinite(preds))):
+        raise ValueError("mean squared error: the values contain NaN or infinity")
+    return float(np.mean((gold - preds) ** 2))
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float:
