@@ -82,13 +82,18 @@ running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 ours() { [ -f "$CONF" ] && [ "$(head -1 "$CONF")" = "$MARK" ]; }
 current() { [ -f "$CONF" ] && { ! ours || [ "$(cat "$CONF")" = "$(conf_text)" ]; }; }
 
-stop() {   # a daemon started here, by its pid file
-  local pid
-  if running "$1"; then
-    pid=$(cat "$1")
-    kill "$pid"
-    wait_for 30 "$(basename "$1" .pid) stopping" sh -c "! kill -0 $pid"
-  fi
+stop() {   # the daemons started here, by their pid files: signalled at once (each takes ~2 s
+  # to end), then waited for
+  local file pids=""
+  for file in "$@"; do
+    if running "$file"; then
+      pids="$pids $(cat "$file")"
+      kill "$(cat "$file")"
+    fi
+  done
+  for pid in $pids; do
+    wait_for 30 "daemon $pid stopping" sh -c "! kill -0 $pid"
+  done
 }
 
 start_munge() {
@@ -108,11 +113,11 @@ start_munge() {
 
 stop_all() {
   ours || exit 0                      # another cluster's daemons are not ours to stop
-  stop "$STATE/slurmd.pid"
-  stop "$STATE/slurmctld.pid"
   if [ -f "$STATE/munged.ours" ]; then
-    stop /run/munge/munged.pid
+    stop "$STATE/slurmd.pid" "$STATE/slurmctld.pid" /run/munge/munged.pid
     rm -f "$STATE/munged.ours"
+  else
+    stop "$STATE/slurmd.pid" "$STATE/slurmctld.pid"
   fi
   echo "start-cluster: stopped"
 }
@@ -135,8 +140,7 @@ fi
 mkdir -p "$STATE/ctld" "$STATE/d" /etc/slurm
 munge_up || start_munge
 if ! current; then
-  stop "$STATE/slurmd.pid"
-  stop "$STATE/slurmctld.pid"
+  stop "$STATE/slurmd.pid" "$STATE/slurmctld.pid"
   conf_text >"$CONF.tmp"
   mv "$CONF.tmp" "$CONF"
 fi

@@ -79,7 +79,12 @@ def build(profile: str | Profile, outputs_dir: str | Path = "outputs",
         profile = load_profile(profile, str(outputs_dir))
     folder = reports_root(outputs_dir) / profile.name
     grid = page_header.grid_runs(profile)
-    # the runs' pages are rendered here while the kernel executes the notebooks: two cores busy
+    # the runs' pages are rendered here while the kernel executes the notebooks: two cores busy.
+    # Both threads import IPython as they go (nbconvert's highlighting: IPython.lib.lexers; a
+    # kernel's start: IPython.paths); imported from both at once, the package was seen half made,
+    # `KeyError: 'IPython'` (a report failed so on a busy machine): here, once, before the thread
+    import IPython.lib.lexers  # noqa: F401
+    import IPython.paths  # noqa: F401
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pages = pool.submit(render_runs, grid, folder)
         tokens = pool.submit(token_section, grid)
