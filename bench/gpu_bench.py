@@ -29,11 +29,10 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 import gpu_grid  # noqa: E402
+from gpu_child import CONTENDERS  # noqa: E402
 
 REPO = BENCH.parent
 OLD_COMMIT = "a274152"          # the kit before the GPU-first changes (issue #52)
-CONTENDERS = ("kit", "kit-buckets", "kit-graphs", "kit-old", "trainer-grouped",
-              "trainer-compiled")
 FULL = {"model": "bert-base-random", "task": "SST-2", "rows": 4000, "max_length": 128,
         "batch_size": 32, "precision": "auto", "peak_size": 8192, "grid_rows": 1000,
         "grid_seeds": 2, "budget_s": 420}

@@ -250,7 +250,13 @@ def steps_per_epoch(s: dict) -> int:
     return math.ceil(rows / s["batch_size"])
 
 
+# in the order bench/gpu.sh runs them
+CONTENDERS = ("kit", "kit-buckets", "kit-graphs", "kit-old", "trainer-grouped", "trainer-compiled")
+
+
 def run(contender: str, s: dict) -> dict:
+    if contender not in CONTENDERS:         # before torch's import: a typo fails at once
+        raise ValueError(f"unknown contender {contender!r}: one of {', '.join(CONTENDERS)}")
     import torch
     if s.get("threads"):
         torch.set_num_threads(s["threads"])
@@ -261,9 +267,7 @@ def run(contender: str, s: dict) -> dict:
         return run_kit(s, probe, length_buckets="on")
     if contender == "kit-graphs":
         return run_kit(s, probe, cuda_graphs="on")
-    if contender in ("trainer-grouped", "trainer-compiled"):
-        return run_trainer(s, probe, compiled=contender == "trainer-compiled")
-    raise ValueError(f"unknown contender {contender!r}")
+    return run_trainer(s, probe, compiled=contender == "trainer-compiled")
 
 
 def main() -> None:
