@@ -132,7 +132,7 @@ def plan(profile: Profile, per_device: int = 1, budget_s: float = 3.0, probe=Non
             "probes": [{"model": step.model, "rows": step.batch_size, "length": length, **p}
                        for (step, length, _), p in probes.items()],
             "batch": overhead,
-            "total": total, "slurm": slurm_request(planned, probes, once_s)}
+            "total": total, "slurm": slurm_request(planned, probes, once_s, per_device)}
 
 
 def saved_path(profile: Profile, outputs: Path) -> Path:
@@ -188,12 +188,14 @@ def _device(probes: dict) -> str:
             f"({precision})")
 
 
-def slurm_request(points: list[dict], probes: dict, once_s: float = 0.0) -> dict:
+def slurm_request(points: list[dict], probes: dict, once_s: float = 0.0,
+                  per_device: int = 1) -> dict:
     """What `./run_all.sh slurm` asks for: the array's default tasks (one per point here, at
     most kit.slurm.DEFAULT_TASKS_CAP), each running its points one after another; --time the
     longest task's predicted seconds x MARGIN + MARGIN_MIN_S; --mem the probes' peak memory
-    (CPU) or host memory for the weights and data (GPU) with the same margin; a GPU a task
-    where the probes ran on one."""
+    (CPU) or host memory for the weights and data (GPU) with the same margin, for each of the
+    `per_device` points a task runs at once (kit.slurm asks so); a GPU a task where the probes
+    ran on one."""
     tasks = max(1, min(len(points), DEFAULT_TASKS_CAP))
     longest = once_s + max((sum(p["seconds"] for p in points[i::tasks]) for i in range(tasks)),
                             default=0.0)
@@ -201,7 +203,8 @@ def slurm_request(points: list[dict], probes: dict, once_s: float = 0.0) -> dict
     gpu = any(p["device"].startswith("cuda") for p in probes.values())
     return {"tasks": tasks, "time": hms(seconds), "time_s": seconds,
             "longest_task_s": round(longest, 1), "margin": MARGIN_TEXT,
-            "mem": costs.task_memory(probes.values(), MARGIN), "gpus_per_task": 1 if gpu else 0}
+            "mem": costs.task_memory(probes.values(), MARGIN, per_device),
+            "points_at_once": per_device, "gpus_per_task": 1 if gpu else 0}
 
 
 def task_time(result: dict, groups: list[list[str]], nodes: int = 1) -> tuple[str, float]:
@@ -263,7 +266,9 @@ def render(result: dict, outputs: Path) -> str:
              f"batch: {duration(t['once_s'])} once (start-up, the kernel, the tables and "
              f"report), {result['batch']['per_point_s']:.1f} s a point around its run",
              f"slurm: --time {s['time']} (the longest of {s['tasks']} task(s), "
-             f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}, "
+             f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}"
+             + (f" ({s['points_at_once']} points at once)" if s.get("points_at_once", 1) > 1
+                else "") + ", "
              f"{s['gpus_per_task']} GPU(s) a task",
              "rows: " + "; ".join(counted),
              "extra: SSA / BERT-mask's masked variants (gamma a row; SSA counts every row kept)"]

@@ -182,6 +182,15 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
     json.dumps(result)                                        # --json prints it
 
 
+@pytest.mark.parametrize("per_device, mem", [(1, "7G"), (2, "11G")])
+def test_the_plans_mem_is_what_slurm_asks_for_k_points_at_once(per_device, mem):
+    """3 GiB a point, x1.5 + 2 GiB: 7G for one; a task that runs 2 at once (per_device) holds
+    two: 11G, as kit.slurm asks (both through kit.cluster.costs.task_memory)."""
+    probes = {"a": {"device": "cpu", "peak_memory_bytes": 3 * 2**30, "model_bytes": 1}}
+    request = plan.slurm_request([{"seconds": 60.0}], probes, per_device=per_device)
+    assert request["mem"] == mem == costs.task_memory(probes.values(), plan.MARGIN, per_device)
+
+
 @pytest.mark.parametrize("length, classes", [
     (3.0, (8, 16, 0.0)), (11.9, (8, 16, 0.4875)), (16.0, (16, 24, 0.0)), (130.0, (128, 136, 0.25))])
 def test_a_points_length_lies_between_two_probed_classes(length, classes):
