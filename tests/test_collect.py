@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from kit.results.tables.paper_results import PAPER_RESULTS, PAPER_TASKS, paper_profile, paper_row
-from kit.results.frame.collect import load_runs
+from kit.results.frame.collect import load_runs, table_notes
 from kit.results.tables.selection import select_by_best_dev, select_by_three_subsets
 from kit.results.tables.paper_table import paper_table
 from kit.results.frame.stats import significance_mark, welch_test
@@ -155,6 +155,20 @@ def test_a_damaged_run_is_counted_in_its_cell_never_dropped(tmp_path):
         "1 damaged run (a record no run writes; counted in n, never averaged; rerunning its "
         "point retrains it)"]
     assert f"rte-3: {bad}: corrupt JSON (Unterminated string" in tables["Runs"].attrs["notes"][0]
+
+
+def test_a_damaged_run_without_its_config_has_no_row_only_the_line_above(tmp_path):
+    """A run whose config.json cannot be read belongs to no cell: the summary has no blank row
+    for it; the line above every table names and counts it."""
+    make_run(tmp_path, "rte-0", seed=0, dev=acc(0.60))
+    bad = make_run(tmp_path, "rte-1", seed=1)
+    (bad / "config.json").write_text("{")
+    (bad / "metrics.json").write_text("{")
+    runs = load_runs(tmp_path)
+    assert list(runs["status"]) == ["ok", "damaged"]
+    summary = summary_table(runs)
+    assert list(summary["task"]) == ["RTE"] and summary.iloc[0]["n_damaged"] == 0
+    assert table_notes(runs)[0].startswith("1 damaged run (") and "rte-1: " in table_notes(runs)[0]
 
 
 def test_tables_and_the_batch_process_never_import_torch():

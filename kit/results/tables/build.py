@@ -229,8 +229,11 @@ def summary_table(df: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     keys = ["task", "model", "method", *by]
     if "fold" not in keys and len(fold_runs(df)):
         keys.append("fold")
+    # a damaged run whose config.json cannot be read belongs to no cell: the line above every
+    # table (kit.results.frame.collect.damaged_line) names and counts it, no blank row here
+    placed = df[df["task"].notna()] if "task" in df.columns else df.iloc[:0]
     rows = []
-    for key, group in sorted_groups(df, keys):
+    for key, group in sorted_groups(placed, keys):
         ok = ok_runs(group, "/".join(map(str, key)))
         metrics = [m for m in ("score", *official_metrics(key[0], group)) if m in ok.columns]
         stats = ok[metrics].agg(["mean", "std"]).unstack()
