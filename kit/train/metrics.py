@@ -42,8 +42,9 @@ def _whole(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _counts(gold, preds) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """(true counts, predicted counts, true positives) per class of either array, and the rows."""
+def _counts(gold, preds) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(true counts, predicted counts, true positives, the class ids): per class found in either
+    array, in the ids' order."""
     gold, preds = _whole(np.asarray(gold)), _whole(np.asarray(preds))
     classes, ids = np.unique(np.concatenate([gold, preds]), return_inverse=True)
     g, p, n = ids[:len(gold)], ids[len(gold):], len(classes)
