@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 from collections import namedtuple
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,24 @@ def test_the_plan_of_a_profile_part_from_the_files_and_official_counts(monkeypat
     assert result["slurm"]["time_s"] == int(-(-((7.0 + longest) * plan.MARGIN
                                                 + plan.MARGIN_MIN_S) // 1))
     json.dumps(result)                                        # --json prints it
+
+
+def test_a_task_is_read_once_whatever_the_batch_size_and_buckets(monkeypatch):
+    """The plan asks a point's facts without and with its length buckets, and points of one
+    task differ in batch size: the files are read and sampled once per token key."""
+    from kit.data.pipeline import StaticShape
+    from kit.models.backbones import load_tokenizer
+    reads, real = [], costs.load_task_data
+    monkeypatch.setattr(costs, "load_task_data", lambda cfg: reads.append(1) or real(cfg))
+    costs._read.cache_clear()
+    tokenizer, cfg = load_tokenizer("tiny"), RunConfig(task="RTE", max_length=64, batch_size=16)
+    plain = costs.task_facts(cfg, tokenizer)
+    bucketed = costs.task_facts(cfg, tokenizer, StaticShape(64, 16))
+    other = costs.task_facts(replace(cfg, batch_size=32), tokenizer)
+    assert len(reads) == 1 and plain.train_rows == bucketed.train_rows == other.train_rows == 2490
+    # every length is padded up to its bucket's: never shorter than unbucketed
+    assert bucketed.train_length >= plain.train_length and bucketed.dev_length >= plain.dev_length
+    assert other.train_length != plain.train_length          # batches of other rows
 
 
 @pytest.mark.parametrize("per_device, mem", [(1, "7G"), (2, "11G")])

@@ -69,12 +69,27 @@ def token_key(cfg: RunConfig) -> RunConfig:
 
 def task_facts(cfg: RunConfig, tokenizer, shape: StaticShape | None = None) -> TaskFacts:
     """`shape`: the run's length buckets (kit.train.step.static_shape), every batch padded to
-    its bucket's length; None: to its longest row."""
-    return _facts(replace(token_key(cfg), batch_size=cfg.batch_size), tokenizer, shape)
+    its bucket's length; None: to its longest row. The task is read and its rows sampled once
+    per token key (`_read`), whatever the batch size and shape."""
+    read = _read(token_key(cfg), tokenizer)
+    if isinstance(read, TaskFacts):             # GLUE's official counts: no rows to measure
+        return read
+    return replace(read.facts, train_length=_padded_mean(read.lengths, cfg.batch_size, shape),
+                   eval_length=float(np.mean(_bucketed(read.lengths, shape))),
+                   dev_length=float(np.mean(_bucketed(read.dev_lengths, shape))))
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A task's files as read: its facts but the lengths (placeholders), and the sampled token
+    counts of its training rows and of its evaluated (dev, test) rows."""
+    facts: TaskFacts
+    lengths: np.ndarray
+    dev_lengths: np.ndarray
 
 
 @functools.lru_cache(maxsize=None)
-def _facts(cfg: RunConfig, tokenizer, shape: StaticShape | None) -> TaskFacts:
+def _read(cfg: RunConfig, tokenizer) -> TaskFacts | _Rows:
     task = get_task(cfg.task) if cfg.task.lower() != "csv" else None
     source = (glue_source(cfg.glue_dir, task.name, cfg.reads_test)
               if task and task.kind == "glue" else None)
@@ -93,16 +108,14 @@ def _facts(cfg: RunConfig, tokenizer, shape: StaticShape | None) -> TaskFacts:
     evaluated = [*data.dev.values(), *(data.test.values() if cfg.predict_test else ())]
     dev_lengths = np.concatenate([_lengths(tokenizer, split, cfg.max_length)[0]
                                   for split in evaluated]) if evaluated else lengths
-    padded = _padded_mean(lengths, cfg.batch_size, shape)
     rows = len(data.train) + len(dev) + len(test)
     where = source_label(source) if source is not None else data.train.source
     # evaluated rows in sorted batches: each row's length stands for its batch's longest
-    return TaskFacts(len(data.train), len(dev), len(test), padded,
-                     float(np.mean(_bucketed(lengths, shape))),
-                     float(np.mean(_bucketed(dev_lengths, shape))), "files", where,
-                     seconds * rows / len(lengths),
-                     _prediction_bytes(data.task, dev, len(dev)) +
-                     _prediction_bytes(data.task, test, len(test)))
+    facts = TaskFacts(len(data.train), len(dev), len(test), 0.0, 0.0, 0.0, "files", where,
+                      seconds * rows / len(lengths),
+                      _prediction_bytes(data.task, dev, len(dev)) +
+                      _prediction_bytes(data.task, test, len(test)))
+    return _Rows(facts, lengths, dev_lengths)
 
 
 def _lengths(tokenizer, train, max_length: int) -> tuple[np.ndarray, float]:
