@@ -74,6 +74,7 @@ def task_facts(cfg: RunConfig, tokenizer, shape: StaticShape | None = None) -> T
     read = _read(token_key(cfg), tokenizer)
     if isinstance(read, TaskFacts):             # GLUE's official counts: no rows to measure
         return read
+    # evaluated rows in sorted batches: each row's length stands for its batch's longest
     return replace(read.facts, train_length=_padded_mean(read.lengths, cfg.batch_size, shape),
                    eval_length=float(np.mean(_bucketed(read.lengths, shape))),
                    dev_length=float(np.mean(_bucketed(read.dev_lengths, shape))))
@@ -110,7 +111,6 @@ def _read(cfg: RunConfig, tokenizer) -> TaskFacts | _Rows:
                                   for split in evaluated]) if evaluated else lengths
     rows = len(data.train) + len(dev) + len(test)
     where = source_label(source) if source is not None else data.train.source
-    # evaluated rows in sorted batches: each row's length stands for its batch's longest
     facts = TaskFacts(len(data.train), len(dev), len(test), 0.0, 0.0, 0.0, "files", where,
                       seconds * rows / len(lengths),
                       _prediction_bytes(data.task, dev, len(dev)) +
