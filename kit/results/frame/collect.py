@@ -193,10 +193,15 @@ def damaged_line(runs: pd.DataFrame, shown: int = 3) -> str | None:
 def table_notes(runs: pd.DataFrame, by: Sequence[str] = ()) -> list[str]:
     """The lines every table of these runs shows above itself: damaged runs, mixed
     environments, thin cells."""
+    lines = (damaged_line(runs), environments_line(runs), few_seeds(runs, by))
+    return [line for line in lines if line]
+
+
+def environments_line(runs: pd.DataFrame) -> str | None:
+    """kit.runs' mixed_environments line over the finished runs, None when they share one."""
     ok = finished(runs)
     envs = ok["environment"] if "environment" in ok.columns else [None] * len(ok)
-    env = mixed_environments(list(zip(ok["run_id"], envs)))
-    return [line for line in (damaged_line(runs), env, few_seeds(runs, by)) if line]
+    return mixed_environments(list(zip(ok["run_id"], envs)))
 
 
 def _last_target_loss(run_dir: Path) -> float | None:

@@ -22,7 +22,7 @@ from kit import runs
 from kit.config.paths import project_path
 from kit.config.run_config import RunConfig
 from kit.results.tables import build
-from kit.results.frame.collect import damaged_line, load_runs, mixed_environments
+from kit.results.frame.collect import damaged_line, environments_line, load_runs
 
 # config fields that never make a group: a run's seed, a k-fold run's fold (summary_table keeps
 # folds apart itself) and what does not change the numbers (the run id's own list)
@@ -110,9 +110,7 @@ def _notes(df: pd.DataFrame, out: pd.DataFrame, column: str) -> list[str]:
     lines = [damaged_line(df)]
     lines += [f"one run in {', '.join(single)}: no std, and no test can tell it from the "
               "baseline (p = 1); run more seeds"] if single else []
-    ok = df[df["status"] == "ok"]
-    envs = ok["environment"] if "environment" in ok.columns else [None] * len(ok)
-    lines.append(mixed_environments(list(zip(ok["run_id"], envs))))
+    lines.append(environments_line(df))
     return [line for line in lines if line]
 
 
