@@ -45,10 +45,10 @@ KERNEL_NAME = "python3"
 # modules) is then frozen out of the collector, so that no later collection (the next reset's,
 # the automatic ones while a point runs) walks the millions of objects of torch and
 # transformers again: ~0.2 s of CPU a notebook
+RESET = "get_ipython().run_line_magic('reset', '-f'); __import__('gc').freeze()"
 # what a notebook may raise and leave its kernel sound (kit.runs.RunPreempted: a run stopped on a
 # signal, cleanly; kit.results.frame.no_runs.NoRuns: nothing to show, said before any work)
 SOUND_ERRORS = ("RunPreempted", "NoRuns")
-RESET = "get_ipython().run_line_magic('reset', '-f'); __import__('gc').freeze()"
 
 
 def prepare_kernels() -> None:
