@@ -7,8 +7,8 @@ Each GLUE task's splits (train, dev, test) that DIR/<TASK>/ lacks are written th
 hub's copy (nyu-mll/glue) as the GLUE files kit.data.readers reads (default DIR: the project's
 data/glue, which every run finds per task; docs/data.md): all of them or, interrupted while
 writing, none (each file whole); the files already there are kept as they are. Each model goes
-into the Hugging Face cache (HF_HOME, or ~/.cache/huggingface): its config, tokenizer and weights, which a run finds there
-offline. A line per item says where it went.
+into the Hugging Face cache (HF_HOME, or ~/.cache/huggingface): its config, tokenizer and
+weights, which a run finds there offline. A line per item says where it went.
 """
 from __future__ import annotations
 

@@ -255,6 +255,8 @@ def render(result: dict, outputs: Path) -> str:
                     f"{p['tokens']:>6.0f} {duration(p['seconds']):>9} "
                     f"{size(p['memory_bytes']):>9} {size(p['disk_kept_bytes']):>9}")
     t, s = result["total"], result["slurm"]
+    at_once = (f" ({s['points_at_once']} points at once)" if s.get("points_at_once", 1) > 1
+               else "")
     free = shutil.disk_usage(costs.existing(outputs)).free
     counted = sorted({f"{p['label'].split()[0]}: {p['rows_from']}, {p['data']}"
                       for p in result["points"] if "rows_from" in p})
@@ -266,9 +268,7 @@ def render(result: dict, outputs: Path) -> str:
              f"batch: {duration(t['once_s'])} once (start-up, the kernel, the tables and "
              f"report), {result['batch']['per_point_s']:.1f} s a point around its run",
              f"slurm: --time {s['time']} (the longest of {s['tasks']} task(s), "
-             f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}"
-             + (f" ({s['points_at_once']} points at once)" if s.get("points_at_once", 1) > 1
-                else "") + ", "
+             f"{duration(s['longest_task_s'])}, {s['margin']}), --mem {s['mem']}{at_once}, "
              f"{s['gpus_per_task']} GPU(s) a task",
              "rows: " + "; ".join(counted),
              "extra: SSA / BERT-mask's masked variants (gamma a row; SSA counts every row kept)"]
