@@ -88,6 +88,15 @@ def kill_at_step():
 
 
 @pytest.fixture(scope="session")
+def shared_tmp(tmp_path_factory) -> Path:
+    """A folder of this test run that all its pytest-xdist workers share (each worker's basetemp
+    is a folder in it); without xdist, the run's own basetemp. What one worker makes there once,
+    under a lock, the others find (the SLURM test cluster's users, the distributed launches)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+@pytest.fixture(scope="session")
 def glue_dir() -> Path:
     assert GLUE_DIR.is_dir(), f"the project's GLUE copy is missing: {GLUE_DIR}"
     return GLUE_DIR

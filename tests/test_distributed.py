@@ -95,21 +95,20 @@ def profile_of(path: Path, *points: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ssa_h(one_thread, tmp_path_factory) -> Path:
+def ssa_h(one_thread, shared_tmp) -> Path:
     """The SSA-H and pretraining runs every test below the fixture reads (each launch costs
     seconds of CPU per process, mostly imports). Beside one process (this one): two batches of
     one process each meet as two nodes (a c10d rendezvous on localhost, what --nodes does
     across machines) and run SSA-H uninterrupted; a torchrun of the same point with two
     processes gets SIGTERM to rank 1 only, mid-epoch; then one batch with --processes 2 resumes
     that point and runs masked-LM pretraining. Exit statuses and logs are kept for the tests."""
-    return once(tmp_path_factory, "ssa-h", launch_ssa_h)
+    return once(shared_tmp / "ssa-h", launch_ssa_h)
 
 
-def once(tmp_path_factory, name: str, make) -> Path:
-    """The folder `make(folder)` filled, once a session: xdist's workers share one (a lock and a
-    `done` file in their common base), and a failure is each test's, with its message."""
-    base = tmp_path_factory.getbasetemp()
-    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+def once(folder: Path, make) -> Path:
+    """`folder` filled by `make(folder)`, once a session: xdist's workers share it (a lock and a
+    `done` file beside it: conftest.py's shared_tmp), and a failure is each test's, with its
+    message."""
     with FileLock(f"{folder}.lock"):
         if (folder / "failed").exists():
             pytest.fail((folder / "failed").read_text())

@@ -211,6 +211,14 @@ def cached_model(hf_home: Path, model: str, weights: bool = False) -> Path:
     return snapshot
 
 
+# `./run_all.sh plan` (kit.plan's main) in a process of its own, less its batch probe
+# (kit.cluster.overhead: a kernel, two runs and a report, three processes importing torch; half
+# a minute on a busy 2-core machine), which reads no hub model and which tests/test_plan.py runs
+PLAN_WITHOUT_BATCH_PROBE = ("import sys; from kit import plan; "
+                            "plan.batch_probe = lambda: plan.NOT_PROBED; "
+                            "sys.exit(plan.main(sys.argv[1:]))")
+
+
 def test_a_fetched_model_is_found_offline_by_the_plan(tmp_path, monkeypatch, capsys):
     hf_home, model = tmp_path / "hf", "kit-test/tiny-bert"
     monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=3.0: None)
@@ -229,12 +237,8 @@ def test_a_fetched_model_is_found_offline_by_the_plan(tmp_path, monkeypatch, cap
     profile.write_text(yaml.safe_dump({"grid": {"task": "synthetic", "model": model,
                                                 "synthetic_size": 64, "epochs": 1}}))
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    # kit.plan's main in a process of its own (HF_HOME is read at import), less the batch probe:
-    # a whole batch of the tiny model (three processes importing torch), which reads no hub
-    # model and is run for real by tests/test_plan.py
-    no_batch_probe = ("import sys; from kit import plan; plan.batch_probe = lambda: plan.NOT_PROBED;"
-                      " sys.exit(plan.main(sys.argv[1:]))")
-    done = subprocess.run([sys.executable, "-c", no_batch_probe, str(profile), "--json",
+    # a process of its own: HF_HOME is read at import
+    done = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_BATCH_PROBE, str(profile), "--json",
                            "--budget", "0.2", "--outputs", str(tmp_path / "out")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

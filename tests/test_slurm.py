@@ -403,15 +403,8 @@ def _start_scheduler() -> tuple[str | None, bool]:
     return None, "SLURM up" in done.stdout         # silent when everything was running
 
 
-def _shared_folder(tmp_path_factory) -> Path:
-    """A folder of this test run that all its pytest-xdist workers share (each worker's basetemp
-    is a folder in it); without xdist, the run's own basetemp."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
-
-
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
+def slurm_cluster(shared_tmp):
     """A one-node SLURM on this machine, started by tests/slurm/start-cluster.sh if it is not
     running, and stopped again when the last test worker using it ends, if a worker of this run
     started it (SSA_KIT_KEEP_SLURM=1 keeps it: a test of the next run finds it up). Workers
@@ -419,8 +412,7 @@ def slurm_cluster(tmp_path_factory):
     two never start daemons at once and none stops them under another's jobs. Missing, it skips
     the test, except in CI (CI=true), where it fails."""
     from filelock import FileLock
-    folder = _shared_folder(tmp_path_factory)
-    lock, users = FileLock(folder / "slurm.lock"), folder / "slurm-users.json"
+    lock, users = FileLock(shared_tmp / "slurm.lock"), shared_tmp / "slurm-users.json"
     with lock:
         state = json.loads(users.read_text()) if users.exists() else {"users": 0, "started": False}
         why, started = _start_scheduler()
@@ -582,15 +574,6 @@ def recipe_profile(folder: Path, model: str) -> Path:
     return path
 
 
-# `./run_all.sh plan` (python -m kit.plan) with its batch probe (kit.cluster.overhead: a
-# kernel, two runs and a report, half a minute on a busy 2-core machine; test_plan.py runs it)
-# given: the recipe's plan probes its own points, and slurm takes --time from what it saves
-PLAN_WITHOUT_BATCH_PROBE = (
-    "import sys; from kit import plan; "
-    "plan.batch_probe = lambda: plan.NOT_PROBED; "
-    "sys.exit(plan.main(sys.argv[1:]))")
-
-
 def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
     """docs/cluster.md's opening recipe on the one-node SLURM: setup -> fetch (the hub faked:
     RTE and MRPC into a GLUE folder, a tiny model into a fresh HF cache) -> plan -> slurm of
@@ -598,7 +581,9 @@ def test_the_cluster_recipe(slurm_cluster, tmp_path, monkeypatch):
     every step after fetch with HF_HUB_OFFLINE=1."""
     from kit import fetch
     from kit.data import hub
-    from test_fetch import cached_model
+    # the plan's own probes of the recipe's points, less its batch probe (test_fetch.py says why):
+    # slurm takes --time from what it saves
+    from test_fetch import PLAN_WITHOUT_BATCH_PROBE, cached_model
     hf_home, glue, outputs = tmp_path / "hf", tmp_path / "glue", tmp_path / "out"
     model = "kit-test/tiny-bert"
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "GLUE_DIR": str(glue),
