@@ -70,8 +70,15 @@ class Progress:
     resolved: dict = field(default_factory=dict)
     other_hardware: list = field(default_factory=list)   # a line per resume on other hardware
 
+    # this run's own, never a checkpoint's: written with the hardware (written_on) instead
+    RUN_OWN = ("resolved",)
+
+    def saved(self) -> dict:
+        """What progress.json keeps: every field but the run's own."""
+        return {k: v for k, v in asdict(self).items() if k not in self.RUN_OWN}
+
     def load(self, state: dict) -> None:
-        self.__dict__.update({k: v for k, v in state.items() if k != "resolved"})
+        self.__dict__.update({k: v for k, v in state.items() if k not in self.RUN_OWN})
 
 
 @dataclass
@@ -143,8 +150,7 @@ def save_last(accelerator, run_dir: Path, progress: Progress) -> None:
     accelerator.wait_for_everyone()        # every rank's RNG file is in
     if main:
         progress.written_on = {**khw.hardware(accelerator), **progress.resolved}
-        kio.write_json(tmp / PROGRESS, {k: v for k, v in asdict(progress).items()
-                                        if k != "resolved"})
+        kio.write_json(tmp / PROGRESS, progress.saved())
         last = checkpoint_dir(run_dir) / "last"     # .old: what resume reads after a kill
         kio.swap_in(tmp, last, last.with_name("last.old"))
     accelerator.wait_for_everyone()        # the other ranks may read the checkpoint next
