@@ -290,3 +290,13 @@ def check_environment() -> None:
     """Offline; GLUE from $GLUE_DIR when set, else the project's own copy (kit.data.pipeline.glue_source)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # no fork warnings, no extra threads
+
+
+def budgeted(args, smoke: dict, full: dict) -> tuple[dict, float, float]:
+    """A GPU script's start: (its settings, a copy of `smoke` under --cpu-smoke else `full`;
+    the monotonic start; the deadline --budget-s sets, else the settings' budget_s), the
+    environment checked."""
+    started = time.monotonic()
+    s = dict(smoke if args.cpu_smoke else full)
+    check_environment()
+    return s, started, started + (args.budget_s or s["budget_s"])

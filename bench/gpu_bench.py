@@ -57,10 +57,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    started = time.monotonic()
-    s = dict(SMOKE if args.cpu_smoke else FULL)
-    deadline = started + (args.budget_s or s["budget_s"])
-    common.check_environment()
+    s, started, deadline = common.budgeted(args, SMOKE, FULL)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     s["model"] = common.build_random_model(s["model"])

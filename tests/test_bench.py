@@ -164,3 +164,42 @@ def test_the_gpu_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
     assert projected["label"] == "PROJECTION, not a measurement" and projected["points"] == 180
     assert projected["hours_at_best_k"] == pytest.approx(projected["serial_hours"] / 1.6, abs=0.01)
     assert projected["mean_tokens"]["QQP"]["source"] == "assumed"
+
+
+def _check(method, check, **values):
+    base = {"parity": {"graphs_recorded": "on", "max_rel_loss_diff": 0.001},
+            "grad_accum": {"graphs_recorded": "on", "max_rel_loss_diff": 0.001},
+            "dropout": {"graphs_recorded": "on", "graph_breaks": 0,
+                        "eager_dev": {"score": 0.80}, "graphed_dev": {"score": 0.81}},
+            "resume": {"stopped": True, "resumed_inside_epoch": {"epoch": 1, "position": 8},
+                       "straight_dev": {"score": 0.81}, "resumed_dev": {"score": 0.81}}}
+    return {"method": method, "check": check, **base[check], **values}
+
+
+def test_graphs_verify_proposes_a_row_only_for_a_method_that_passed_every_check_on_a_gpu():
+    """bench/graphs_verify.py's verdicts: 872 dev rows give a noise of 2 x 0.024 = 0.048; bf16
+    losses within 2%. ssa-h's dropout gap (0.06) is beyond noise: no row; bert's grad_accum 2
+    passed: its row too; bert-mask's resume did not run: no row; on a CPU, none at all."""
+    import graphs_verify
+    checks = [_check("bert", c) for c in ("parity", "grad_accum", "dropout", "resume")]
+    checks += [_check("ssa-h", "parity"), _check("ssa-h", "resume"),
+               _check("ssa-h", "dropout", graphed_dev={"score": 0.86}),
+               _check("bert-mask", "parity", max_rel_loss_diff=0.019),
+               _check("bert-mask", "dropout"),
+               {"method": "bert-mask", "check": "resume", "skipped": "over the budget"}]
+    got = graphs_verify.verdicts(checks, "cuda", rows=872)
+    assert got["noise"] == pytest.approx(0.0479, abs=1e-4)
+    assert got["verified_rows"] == [("bert", 1, 1), ("bert", 2, 1)]
+    assert got["methods"]["ssa-h"]["dropout"] == ("failed: dev score differs by 0.060 (noise "
+                                                  "0.048), 0 graph break(s)")
+    assert got["methods"]["bert-mask"] == {"parity": "passed", "dropout": "passed",
+                                           "resume": "not run: over the budget"}
+    failed = graphs_verify.verdicts([_check("bert", "parity", max_rel_loss_diff=0.03)], "cuda",
+                                    rows=872)
+    assert failed["methods"]["bert"]["parity"] == ("failed: losses differ by 0.03 (relative; "
+                                                   "tolerance 0.02), graphs on")
+    exact = [_check("bert", c, **({"max_rel_loss_diff": 0.0} if c in ("parity", "grad_accum")
+                                  else {})) for c in ("parity", "grad_accum", "dropout", "resume")]
+    on_cpu = graphs_verify.verdicts(exact, "cpu", rows=872)
+    assert set(on_cpu["methods"]["bert"].values()) == {"passed"}
+    assert on_cpu["verified_rows"] == []

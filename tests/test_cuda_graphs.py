@@ -8,6 +8,9 @@ losses and metrics, and the parameters and checkpoints of an uncompiled model; a
 on, the compiled step trains (no graph break, one compilation per mode, a falling loss) and
 evaluates as the uncompiled model. What `cuda_graphs` resolves to and records:
 test_graph_resolution.py."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,9 @@ import kit.models.regional_compile as regional
 from kit.config.run_config import ConfigError, RunConfig
 from kit.runs import read_config, run_dir_of
 from kit.train.finetune import fit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import graphs_verify  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")      # conftest.py
 
@@ -26,18 +32,12 @@ TINY = dict(task="synthetic", model="tiny", synthetic_size=200, epochs=2, lr=5e-
 
 
 @pytest.fixture
-def no_dropout(monkeypatch):
+def no_dropout():
     """Dropout's p set to 0 in every model fit() builds: the eager and compiled runs then draw
-    no random numbers and must agree to float rounding."""
-    import kit.train.finetune as finetune
-    build = finetune.SingleTask.__init__
-
-    def without_dropout(self, cfg):
-        build(self, cfg)
-        for module in self.model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-    monkeypatch.setattr(finetune.SingleTask, "__init__", without_dropout)
+    no random numbers and must agree to float rounding (bench/graphs_verify.py's parity, which
+    a GPU runs, does the same)."""
+    with graphs_verify.without_dropout():
+        yield
 
 
 @pytest.mark.parametrize("changes, says", [

@@ -44,15 +44,15 @@ class Verified:
     evidence: str
 
 
-# THE combinations `cuda_graphs: auto` may replay as graphs. A row needs a GPU run that trained
-# it with graphs and eagerly and compared them (losses and dev scores with dropout on, a resume
-# inside an epoch, two points in one warm kernel), not only their speed. Empty: the one GPU
-# measurement (docs/gpu-runs/h200-2026-11-28: plain BERT at grad_accum 1 in one process, 65.3
-# steps/s with graphs against 20.2 eager) timed steps of random weights and compared no loss or
-# score, and the CUDA test files run on that GPU were cut before their summary, with failures of
-# unknown cause. Not verified either: SSA's heads, BERT-mask, grad_accum > 1 (a replayed backward
-# can overwrite accumulated gradients: pytorch issues 169545, 96693), several processes. A row
-# changes what `auto` computes: bump RESULTS_VERSION with it.
+# THE combinations `cuda_graphs: auto` may replay as graphs. A row needs a GPU run that trained it
+# with graphs and eagerly and compared them (losses and dev scores with dropout on, a resume
+# inside an epoch, two points in one warm kernel: bench/graphs_verify.py), not only their speed.
+# Empty: the one GPU measurement (docs/gpu-runs/h200-2026-11-28: plain BERT at grad_accum 1 in one
+# process, 65.3 steps/s with graphs against 20.2 eager) timed steps of random weights and compared
+# no loss or score, and the CUDA test files run on that GPU were cut before their summary, with
+# failures of unknown cause. Not verified either: SSA's heads, BERT-mask, grad_accum > 1 (a
+# replayed backward can overwrite accumulated gradients: pytorch issues 169545, 96693), several
+# processes. A row changes what `auto` computes: bump RESULTS_VERSION with it.
 VERIFIED: tuple[Verified, ...] = ()
 
 
