@@ -167,8 +167,8 @@ def test_the_gpu_benchmark_runs_end_to_end_on_a_cpu(tmp_path):
 
 
 def _check(method, check, **values):
-    base = {"parity": {"graphs_recorded": "on", "max_rel_loss_diff": 0.001},
-            "grad_accum": {"graphs_recorded": "on", "max_rel_loss_diff": 0.001},
+    base = {"parity": {"graphs_recorded": "on", "max_rel_diff": 0.001},
+            "grad_accum": {"graphs_recorded": "on", "max_rel_diff": 0.001},
             "dropout": {"graphs_recorded": "on", "graph_breaks": 0,
                         "eager_dev": {"score": 0.80}, "graphed_dev": {"score": 0.81}},
             "resume": {"stopped": True, "resumed_inside_epoch": {"epoch": 1, "position": 8},
@@ -184,7 +184,7 @@ def test_graphs_verify_proposes_a_row_only_for_a_method_that_passed_every_check_
     checks = [_check("bert", c) for c in ("parity", "grad_accum", "dropout", "resume")]
     checks += [_check("ssa-h", "parity"), _check("ssa-h", "resume"),
                _check("ssa-h", "dropout", graphed_dev={"score": 0.86}),
-               _check("bert-mask", "parity", max_rel_loss_diff=0.019),
+               _check("bert-mask", "parity", max_rel_diff=0.019),
                _check("bert-mask", "dropout"),
                {"method": "bert-mask", "check": "resume", "skipped": "over the budget"}]
     got = graphs_verify.verdicts(checks, "cuda", rows=872)
@@ -194,11 +194,11 @@ def test_graphs_verify_proposes_a_row_only_for_a_method_that_passed_every_check_
                                                   "0.048), 0 graph break(s)")
     assert got["methods"]["bert-mask"] == {"parity": "passed", "dropout": "passed",
                                            "resume": "not run: over the budget"}
-    failed = graphs_verify.verdicts([_check("bert", "parity", max_rel_loss_diff=0.03)], "cuda",
+    failed = graphs_verify.verdicts([_check("bert", "parity", max_rel_diff=0.03)], "cuda",
                                     rows=872)
-    assert failed["methods"]["bert"]["parity"] == ("failed: losses differ by 0.03 (relative; "
-                                                   "tolerance 0.02), graphs on")
-    exact = [_check("bert", c, **({"max_rel_loss_diff": 0.0} if c in ("parity", "grad_accum")
+    assert failed["methods"]["bert"]["parity"] == ("failed: losses or gradient norms differ by "
+                                                   "0.03 (relative; tolerance 0.02), graphs on")
+    exact = [_check("bert", c, **({"max_rel_diff": 0.0} if c in ("parity", "grad_accum")
                                   else {})) for c in ("parity", "grad_accum", "dropout", "resume")]
     on_cpu = graphs_verify.verdicts(exact, "cpu", rows=872)
     assert set(on_cpu["methods"]["bert"].values()) == {"passed"}
