@@ -23,6 +23,7 @@ torch_compile, mode reduce-overhead).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -150,14 +151,7 @@ def run_kit(s: dict, probe: Probe, **overrides) -> dict:
     from kit.config.run_config import RunConfig
     from kit.train import loop
     from kit.train.finetune import fit
-    train_step, predict = loop.train_step, loop.predict_logits
-    eval_syncs = {}
-
-    def step(*args, **kwargs):
-        probe.begin()
-        out = train_step(*args, **kwargs)
-        probe.end()
-        return out
+    predict, eval_syncs = loop.predict_logits, {}
 
     def predicted(model, examples, batch_size, *args, **kwargs):
         if probe.step < 2 * probe.spe or "per_eval_batch" in eval_syncs:    # not the last
@@ -168,8 +162,8 @@ def run_kit(s: dict, probe: Probe, **overrides) -> dict:
         finally:
             eval_syncs["per_eval_batch"] = per_batch(counter.close(), len(examples), batch_size)
 
-    loop.train_step, loop.predict_logits = step, predicted
-    with tempfile.TemporaryDirectory() as out:
+    loop.predict_logits = predicted
+    with around_steps(probe.begin, probe.end), tempfile.TemporaryDirectory() as out:
         m = fit(RunConfig(task=s["task"], model=s["model"], seed=0, max_length=s["max_length"],
                           max_train_examples=s["rows"], epochs=2, batch_size=s["batch_size"],
                           lr=2e-5, weight_decay=0.01, warmup_ratio=0.1, outputs_dir=out,
@@ -178,6 +172,25 @@ def run_kit(s: dict, probe: Probe, **overrides) -> dict:
             "syncs_per_eval_batch": eval_syncs.get("per_eval_batch"),
             "precision": m["mixed_precision"], "device": m["device"],
             "train_s": m["wall_s"]["train"]}
+
+
+@contextlib.contextmanager
+def around_steps(before=lambda: None, after=lambda: None):
+    """kit.train.loop.train_step wrapped while open: `before()` and `after()` around each
+    training step (a probe's hooks; a signal sent from inside a step, as a scheduler's lands)."""
+    from kit.train import loop
+    step = loop.train_step
+
+    def wrapped(*args, **kwargs):
+        before()
+        out = step(*args, **kwargs)
+        after()
+        return out
+    loop.train_step = wrapped
+    try:
+        yield
+    finally:
+        loop.train_step = step
 
 
 def run_trainer(s: dict, probe: Probe, compiled: bool) -> dict:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
-from gpu_child import Probe  # noqa: E402
+from gpu_child import Probe, around_steps  # noqa: E402
 
 # in the order a short budget covers them: plain BERT, the paper's SSA-H and SSA-Co, BERT-mask
 METHODS = ("bert", "ssa-h", "ssa-co", "bert-mask")
@@ -156,30 +157,6 @@ def without_dropout():
         finetune.SingleTask.__init__ = build
 
 
-@contextlib.contextmanager
-def steps_hook(probe: Probe | None = None, signal_at: int | None = None):
-    """loop.train_step wrapped: the probe's hooks around each step; at step `signal_at`
-    (1-based) this process sends itself SIGTERM from inside the step, as a scheduler would."""
-    from kit.train import loop
-    step, count = loop.train_step, [0]
-
-    def wrapped(*args, **kwargs):
-        count[0] += 1
-        if count[0] == signal_at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        if probe:
-            probe.begin()
-        out = step(*args, **kwargs)
-        if probe:
-            probe.end()
-        return out
-    loop.train_step = wrapped
-    try:
-        yield
-    finally:
-        loop.train_step = step
-
-
 def fit_run(cfg, graphs: bool) -> dict:
     """fit() with graphs forced on or off. No dynamo reset between runs: a batch's warm kernel
     does none, so what one run compiled and recorded meets the next run's new model."""
@@ -188,10 +165,16 @@ def fit_run(cfg, graphs: bool) -> dict:
         return fit(cfg)
 
 
-def losses(cfg, n: int) -> list[float]:
+def history(cfg):
+    """The run's history.csv: a row per step (log_every 1)."""
     import pandas as pd
     from kit.runs import run_dir_of
-    return pd.read_csv(run_dir_of(cfg) / "history.csv")["loss"].head(n).tolist()
+    return pd.read_csv(run_dir_of(cfg) / "history.csv")
+
+
+def losses(cfg, n: int | None = None) -> list[float]:
+    """The run's training losses, the first `n` (None: all)."""
+    return history(cfg)["loss"].head(n).tolist()
 
 
 def max_rel(a: list[float], b: list[float]) -> float:
@@ -244,13 +227,15 @@ def dropout(s: dict, method: str, folder: Path, device: str) -> dict:
     """Dropout on, 2 epochs each way; the graphed run measured (gpu_child.Probe, counters)."""
     import torch
     from torch._dynamo.utils import counters
-    eager = fit_run(config(s, method, folder, False), False)
+    eager_cfg = config(s, method, folder, False)
+    eager = fit_run(eager_cfg, False)
     cfg = config(s, method, folder, True, save_checkpoints=True)     # resume's reference too
-    probe = Probe(steps_per_epoch(s, method, cfg), device == "cuda")
+    # the first epoch's steps, SSA's and BERT-mask's extra rows included: the eager run's
+    probe = Probe(int((history(eager_cfg)["epoch"] <= 1).sum()), device == "cuda")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     counters.clear()
-    with steps_hook(probe):
+    with around_steps(probe.begin, probe.end):
         graphed = fit_run(cfg, True)
     return {"graphs_recorded": graphed["cuda_graphs"], "eager_dev": last_dev(eager),
             "graphed_dev": last_dev(graphed),
@@ -270,9 +255,14 @@ def resume(s: dict, method: str, folder: Path, device: str) -> dict:
     from kit.runs import RunPreempted, read_metrics, run_dir_of
     straight_cfg = config(s, method, folder.parent / "dropout", True, save_checkpoints=True)
     straight = fit_run(straight_cfg, True)          # finished: its record, read back
-    at = len(losses(straight_cfg, 10 ** 6)) * 3 // 4                  # a history row a step
+    at = len(history(straight_cfg)) * 3 // 4                      # a history row a step
     cfg = config(s, method, folder, True, save_checkpoints=True)
-    with steps_hook(signal_at=at):
+    steps = itertools.count(1)
+
+    def signal_at_step():           # from inside a step, as a scheduler's signal lands
+        if next(steps) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+    with around_steps(signal_at_step):
         try:
             fit_run(cfg, True)
             stopped = None
@@ -283,7 +273,7 @@ def resume(s: dict, method: str, folder: Path, device: str) -> dict:
             "resumed_inside_epoch": resumed.get("resumed_inside_epoch"),
             "straight_dev": last_dev(straight), "resumed_dev": last_dev(resumed),
             "bit_equal_dev": last_dev(straight) == last_dev(resumed),
-            "max_rel_loss_diff": max_rel(losses(cfg, 10 ** 6), losses(straight_cfg, 10 ** 6))}
+            "max_rel_loss_diff": max_rel(losses(cfg), losses(straight_cfg))}
 
 
 CHECKS = {"parity": parity, "grad_accum": grad_accum, "dropout": dropout, "resume": resume}
@@ -291,16 +281,6 @@ CHECKS = {"parity": parity, "grad_accum": grad_accum, "dropout": dropout, "resum
 
 def last_dev(metrics: dict) -> dict:
     return metrics["epochs"][-1]["dev"]
-
-
-def steps_per_epoch(s: dict, method: str, cfg) -> int:
-    """Training steps of the first epoch: the task's rows, and SSA's / BERT-mask's extra rows
-    (what the loop plans: a dry fit is too dear, so it is counted from the eager run's record)."""
-    import pandas as pd
-    from kit.runs import run_dir_of
-    eager = run_dir_of(config(s, method, Path(cfg.outputs_dir).parent, False))
-    history = pd.read_csv(eager / "history.csv")
-    return int((history["epoch"] <= 1).sum())
 
 
 def dev_rows(s: dict) -> int:
